@@ -1,0 +1,73 @@
+// Module: a tree of named parameters with diffusers' state-dict names, loaded strictly.
+//
+// A model declares its parameters and expected shapes at construction (param / child), then
+// load() fills them from a TensorSource: every missing tensor, unexpected tensor and shape
+// mismatch is listed by name in one error. No autograd, no torch::nn: inference only.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace xfuser::models {
+
+class TensorSource;
+
+struct ParamSlot {
+  std::vector<int64_t> shape;            // expected shape
+  at::Tensor tensor;                     // undefined until loaded
+  std::optional<c10::ScalarType> dtype;  // load dtype override (e.g. kept in fp32)
+};
+
+struct LoadOptions {
+  // Tensors in the source that no parameter claims are an error unless they start with one of
+  // these prefixes, or allow_unexpected is set (a partial load such as one pipeline stage).
+  std::vector<std::string> ignore_unexpected_prefixes;
+  bool allow_unexpected = false;
+};
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // All parameters of this module and its children, "child.sub.name" style, in declaration order.
+  std::vector<std::pair<std::string, ParamSlot*>> named_parameters(const std::string& prefix = "");
+  std::vector<std::pair<std::string, const ParamSlot*>> named_parameters(
+      const std::string& prefix = "") const;
+
+  // Loads every parameter from `source` in `dtype` (copy when the dtype differs, else a view).
+  // `prefix` is prepended to every name looked up in the source.
+  void load(const TensorSource& source, c10::ScalarType dtype, const std::string& prefix = "",
+            const LoadOptions& options = {});
+
+  // Fills every parameter with seeded random values (tests, tiny models): N(0, std) per tensor.
+  void init_random(uint64_t seed, double std = 0.02, c10::ScalarType dtype = c10::kFloat);
+
+  // Total parameter count.
+  int64_t num_parameters() const;
+
+ protected:
+  // Declares a parameter and returns its slot; the tensor is defined after load().
+  ParamSlot& param(const std::string& name, std::vector<int64_t> shape);
+  // Registers a child module under `name` ("transformer_blocks.3" style names are fine).
+  template <typename M>
+  std::shared_ptr<M> child(const std::string& name, std::shared_ptr<M> module) {
+    children_.emplace_back(name, module);
+    return module;
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::unique_ptr<ParamSlot>>> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+}  // namespace xfuser::models

@@ -1,0 +1,9 @@
+#include "runner/tool/commands.h"
+
+#include <CLI/CLI.hpp>
+
+namespace xfuser::runner::tool {
+
+void register_commands(CLI::App& app) { register_forward(app); }
+
+}  // namespace xfuser::runner::tool

@@ -1,0 +1,16 @@
+// The subcommands of the `xfuser` tool. Each registers itself on the CLI11 app with a callback
+// that runs it; errors are thrown as xfuser::Error and reported by main.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace xfuser::runner::tool {
+
+void register_commands(CLI::App& app);
+
+// Individual commands (one file each under runner/tool/).
+void register_forward(CLI::App& app);
+
+}  // namespace xfuser::runner::tool

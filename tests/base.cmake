@@ -1,0 +1,3 @@
+xfuser_add_test(test_error.cpp)
+xfuser_add_test(test_module.cpp)
+xfuser_add_test(test_nccl.cpp)

@@ -1,0 +1,63 @@
+#include "tests/test_util.h"
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+namespace xfuser::testing {
+
+std::filesystem::path fixtures_dir() {
+  if (const char* env = std::getenv("XFUSER_FIXTURES"); env && *env) return env;
+  return std::filesystem::path(XFUSER_FIXTURES_DEFAULT).lexically_normal();
+}
+
+std::filesystem::path binary_dir() {
+  if (const char* env = std::getenv("XFUSER_BINARY_DIR"); env && *env) return env;
+  return XFUSER_BINARY_DIR;
+}
+
+std::filesystem::path source_dir() { return XFUSER_SOURCE_DIR; }
+
+TempDir::TempDir(const std::string& tag) {
+  std::random_device rd;
+  auto base = std::filesystem::temp_directory_path();
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    auto candidate = base / (tag + "-" + std::to_string(rd()));
+    if (std::filesystem::create_directory(candidate)) {
+      path_ = candidate;
+      return;
+    }
+  }
+  throw std::runtime_error("could not create a temporary directory under " + base.string());
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+double max_rel_error(const at::Tensor& a, const at::Tensor& b) {
+  auto a64 = a.to(at::kDouble);
+  auto b64 = b.to(at::kDouble);
+  double denom = b64.abs().max().item<double>();
+  double num = (a64 - b64).abs().max().item<double>();
+  if (denom == 0.0) return num;
+  return num / denom;
+}
+
+int run_command(const std::string& command, std::string* output) {
+  std::string cmd = command + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return -1;
+  std::array<char, 4096> buf;
+  std::string out;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  int status = pclose(pipe);
+  if (output) *output = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace xfuser::testing

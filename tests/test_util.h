@@ -1,0 +1,47 @@
+// Shared helpers for the GoogleTest suites.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+namespace xfuser::testing {
+
+// $XFUSER_FIXTURES, else ../shared/fixtures beside the source tree.
+std::filesystem::path fixtures_dir();
+// The build tree (for build/bin/xfuser and friends).
+std::filesystem::path binary_dir();
+std::filesystem::path source_dir();
+
+// A fresh, empty directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "xfuser-test");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// max |a - b| / max |b| (0 when both are all zero), computed in float64.
+double max_rel_error(const at::Tensor& a, const at::Tensor& b);
+
+// Runs a shell command, returning its exit code; stdout+stderr captured into *output if given.
+int run_command(const std::string& command, std::string* output = nullptr);
+
+}  // namespace xfuser::testing
+
+// Skips the current test with a clear message when a fixture path is absent.
+#define XF_REQUIRE_FIXTURE(path)                                                            \
+  do {                                                                                      \
+    if (!std::filesystem::exists(path)) {                                                   \
+      GTEST_SKIP() << "fixture " << (path)                                                  \
+                   << " not found: set XFUSER_FIXTURES to the shared/fixtures folder";     \
+    }                                                                                       \
+  } while (0)
