@@ -1,0 +1,51 @@
+// Component: one loadable diffusers/transformers model folder (a transformer, a VAE, a text
+// encoder), created by class name from its config.json, loaded strictly, and callable by method
+// name with named tensors (the keyword names of diffusers' / transformers' forward()).
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/common/module.h"
+
+namespace xfuser::models {
+
+using TensorMap = std::map<std::string, at::Tensor>;
+
+class Component : public Module {
+ public:
+  // The diffusers `_class_name` or transformers `architectures[0]` this implements.
+  virtual std::string class_name() const = 0;
+  // Methods call() accepts ("forward", and e.g. "decode"/"encode" for a VAE).
+  virtual std::vector<std::string> methods() const { return {"forward"}; }
+  // Runs `method` on named inputs; absent optional inputs take the library's defaults. An unknown
+  // or missing input, or a wrong shape, is an xfuser::Error naming it. Outputs are named as the
+  // library names them (e.g. "sample", "last_hidden_state", "pooler_output").
+  virtual TensorMap call(const std::string& method, const TensorMap& inputs) = 0;
+};
+
+// Builds an unloaded component from its parsed config.json (`config_path` for error messages).
+using ComponentFactory = std::function<std::shared_ptr<Component>(const nlohmann::json& config,
+                                                                  const std::string& config_path)>;
+
+// Class name -> factory. Families register from register_builtin_components() (explicit calls,
+// so static linking never drops a registration).
+class ComponentRegistry {
+ public:
+  static void add(const std::string& class_name, ComponentFactory factory);
+  // Throws an error listing the known classes when `class_name` is unknown.
+  static std::shared_ptr<Component> create(const std::string& class_name,
+                                           const nlohmann::json& config,
+                                           const std::string& config_path);
+  static std::vector<std::string> known_classes();
+};
+
+// Registers every built-in component class once (idempotent).
+void register_builtin_components();
+
+}  // namespace xfuser::models
