@@ -11,8 +11,8 @@ thread_local std::vector<std::string> t_context;
 
 const char* short_path(const char* file) {
   // Print paths relative to the source tree: keep from the last top-level folder name on.
-  static const char* kRoots[] = {"/runner/", "/parallel/", "/models/", "/backends/",
-                                 "/profiling/", "/tests/", "/bench/", "/examples/"};
+  static const char* kRoots[] = {"/runner/",    "/parallel/", "/models/", "/backends/",
+                                 "/profiling/", "/tests/",    "/bench/",  "/examples/"};
   const char* best = nullptr;
   for (const char* root : kRoots) {
     for (const char* p = std::strstr(file, root); p != nullptr; p = std::strstr(p + 1, root)) {

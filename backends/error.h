@@ -63,16 +63,18 @@ std::vector<std::string> current_context();
 #define XF_CONCAT_(a, b) XF_CONCAT_INNER_(a, b)
 
 // Throws xfuser::Error when `cond` is false; the remaining arguments are streamed into the message.
-#define XF_CHECK(cond, ...)                                                                   \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
+#define XF_CHECK(cond, ...)                                                                     \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
       throw ::xfuser::Error(__FILE__, __LINE__, #cond, ::xfuser::detail::str_cat(__VA_ARGS__)); \
-    }                                                                                         \
+    }                                                                                           \
   } while (0)
 
 // Throws xfuser::Error unconditionally.
-#define XF_THROW(...) throw ::xfuser::Error(__FILE__, __LINE__, "", ::xfuser::detail::str_cat(__VA_ARGS__))
+#define XF_THROW(...) \
+  throw ::xfuser::Error(__FILE__, __LINE__, "", ::xfuser::detail::str_cat(__VA_ARGS__))
 
 // Names the operation in progress for every error raised in the enclosing scope.
-#define XF_CONTEXT(...) \
-  ::xfuser::detail::ContextScope XF_CONCAT_(xf_context_scope_, __LINE__)(::xfuser::detail::str_cat(__VA_ARGS__))
+#define XF_CONTEXT(...)                                        \
+  ::xfuser::detail::ContextScope XF_CONCAT_(xf_context_scope_, \
+                                            __LINE__)(::xfuser::detail::str_cat(__VA_ARGS__))

@@ -12,7 +12,8 @@ void init_logging(int rank, const std::string& level) {
   XF_CHECK(lvl != spdlog::level::off || level == "off", "unknown log level '", level,
            "' (expected trace, debug, info, warn, error or off)");
   auto logger = spdlog::stderr_color_mt("xfuser-" + std::to_string(rank));
-  logger->set_pattern(rank >= 0 ? "[rank " + std::to_string(rank) + "] [%^%l%$] %v" : "[%^%l%$] %v");
+  logger->set_pattern(rank >= 0 ? "[rank " + std::to_string(rank) + "] [%^%l%$] %v"
+                                : "[%^%l%$] %v");
   logger->set_level(lvl);
   spdlog::set_default_logger(logger);
 }

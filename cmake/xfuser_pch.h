@@ -1,11 +1,6 @@
 // The heavy third-party headers every xfuser translation unit uses, precompiled once.
 // Only ATen and c10 (never <torch/torch.h>): xfuser does not use torch::nn or autograd.
 #pragma once
-#include <ATen/ATen.h>
-#include <c10/core/InferenceMode.h>
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
-
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -13,3 +8,8 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>

@@ -7,8 +7,9 @@ namespace xfuser::parallel {
 bool nccl_compiled_in() { return false; }
 
 std::string nccl_probe() {
-  XF_THROW("NCCL backend selected but this build has no NCCL support: reconfigure with "
-           "-DXFUSER_WITH_NCCL=ON and NCCL installed (XFUSER_CUDA_ROOT or NCCL_ROOT)");
+  XF_THROW(
+      "NCCL backend selected but this build has no NCCL support: reconfigure with "
+      "-DXFUSER_WITH_NCCL=ON and NCCL installed (XFUSER_CUDA_ROOT or NCCL_ROOT)");
 }
 
 }  // namespace xfuser::parallel

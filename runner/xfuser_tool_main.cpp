@@ -1,7 +1,7 @@
 // `xfuser`: the tool with subcommands (forward, ...). See docs/tools.md.
-#include <CLI/CLI.hpp>
-
 #include <iostream>
+
+#include <CLI/CLI.hpp>
 
 #include "backends/error.h"
 #include "backends/logging.h"

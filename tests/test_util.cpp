@@ -1,11 +1,11 @@
 #include "tests/test_util.h"
 
-#include <ATen/ATen.h>
-
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+
+#include <ATen/ATen.h>
 
 namespace xfuser::testing {
 

@@ -1,11 +1,11 @@
 // Shared helpers for the GoogleTest suites.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <gtest/gtest.h>
-
 #include <filesystem>
 #include <string>
+
+#include <ATen/core/Tensor.h>
+#include <gtest/gtest.h>
 
 namespace xfuser::testing {
 
@@ -38,10 +38,10 @@ int run_command(const std::string& command, std::string* output = nullptr);
 }  // namespace xfuser::testing
 
 // Skips the current test with a clear message when a fixture path is absent.
-#define XF_REQUIRE_FIXTURE(path)                                                            \
-  do {                                                                                      \
-    if (!std::filesystem::exists(path)) {                                                   \
-      GTEST_SKIP() << "fixture " << (path)                                                  \
-                   << " not found: set XFUSER_FIXTURES to the shared/fixtures folder";     \
-    }                                                                                       \
+#define XF_REQUIRE_FIXTURE(path)                                                       \
+  do {                                                                                 \
+    if (!std::filesystem::exists(path)) {                                              \
+      GTEST_SKIP() << "fixture " << (path)                                             \
+                   << " not found: set XFUSER_FIXTURES to the shared/fixtures folder"; \
+    }                                                                                  \
   } while (0)

@@ -3,13 +3,13 @@
 // name with named tensors (the keyword names of diffusers' / transformers' forward()).
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "models/common/module.h"
 

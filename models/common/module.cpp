@@ -1,10 +1,10 @@
 #include "models/common/module.h"
 
-#include <ATen/ATen.h>
-
 #include <algorithm>
 #include <set>
 #include <sstream>
+
+#include <ATen/ATen.h>
 
 #include "backends/error.h"
 #include "models/weights/tensor_source.h"
@@ -27,13 +27,15 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 }  // namespace
 
 ParamSlot& Module::param(const std::string& name, std::vector<int64_t> shape) {
-  for (const auto& [n, slot] : params_) XF_CHECK(n != name, "parameter '", name, "' declared twice");
+  for (const auto& [n, slot] : params_)
+    XF_CHECK(n != name, "parameter '", name, "' declared twice");
   params_.emplace_back(name, std::make_unique<ParamSlot>());
   params_.back().second->shape = std::move(shape);
   return *params_.back().second;
 }
 
-std::vector<std::pair<std::string, ParamSlot*>> Module::named_parameters(const std::string& prefix) {
+std::vector<std::pair<std::string, ParamSlot*>> Module::named_parameters(
+    const std::string& prefix) {
   std::vector<std::pair<std::string, ParamSlot*>> out;
   for (auto& [name, slot] : params_) out.emplace_back(prefix + name, slot.get());
   for (auto& [name, mod] : children_) {
@@ -71,9 +73,9 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
   if (!options.allow_unexpected) {
     for (const auto& name : source.names()) {
       if (!starts_with(name, prefix) || claimed.count(name)) continue;
-      bool ignored = std::any_of(options.ignore_unexpected_prefixes.begin(),
-                                 options.ignore_unexpected_prefixes.end(),
-                                 [&](const std::string& p) { return starts_with(name, prefix + p); });
+      bool ignored = std::any_of(
+          options.ignore_unexpected_prefixes.begin(), options.ignore_unexpected_prefixes.end(),
+          [&](const std::string& p) { return starts_with(name, prefix + p); });
       if (!ignored) unexpected.push_back(name);
     }
   }

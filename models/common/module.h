@@ -5,15 +5,15 @@
 // mismatch is listed by name in one error. No autograd, no torch::nn: inference only.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/core/ScalarType.h>
-
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 namespace xfuser::models {
 

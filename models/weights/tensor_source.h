@@ -2,13 +2,13 @@
 // synthetic source in tests. Modules load from it by exact diffusers/transformers names.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/core/ScalarType.h>
-
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 namespace xfuser::models {
 
