@@ -1,0 +1,199 @@
+#include "runner/run_config.h"
+
+#include <cmath>
+#include <set>
+
+#include <CLI/CLI.hpp>
+
+#include "backends/error.h"
+
+namespace xfuser::runner {
+namespace {
+
+// Flags accepted by the parser whose feature lands in a later issue. Using one is an error.
+const std::set<std::string>& not_yet_supported() {
+  static const std::set<std::string> flags = {"--use_fsdp",
+                                              "--use_fp8_gemms",
+                                              "--enable_model_cpu_offload",
+                                              "--enable_sequential_cpu_offload",
+                                              "--attention_backend",
+                                              "--input_images",
+                                              "--num_frames",
+                                              "--task",
+                                              "--use_cfg_parallel",
+                                              "--use_parallel_vae",
+                                              "--num_pipeline_patch",
+                                              "--profile",
+                                              "--dataset_path",
+                                              "--batch_size",
+                                              "--resume",
+                                              "--use_torch_compile",
+                                              "--enable_tiling",
+                                              "--enable_slicing"};
+  return flags;
+}
+
+}  // namespace
+
+void add_run_flags(CLI::App& app, RunConfig& c) {
+  const char* kModel = "Model selection";
+  app.add_option("--model", c.model,
+                 "Model name, alias or Hugging Face repo id (see `xfuser models`)")
+      ->group(kModel);
+  app.add_option("--model_path", c.model_path,
+                 "A diffusers pipeline folder (model_index.json); overrides the cache lookup")
+      ->group(kModel);
+  app.add_option("--task", c.task, "Task type for multi-task models")->group(kModel);
+
+  const char* kPar = "Parallelization";
+  app.add_option("--ulysses_degree", c.ulysses_degree, "Ulysses sequence parallel degree")
+      ->group(kPar)
+      ->capture_default_str();
+  app.add_option("--ring_degree", c.ring_degree, "Ring sequence parallel degree")
+      ->group(kPar)
+      ->capture_default_str();
+  app.add_option("--pipefusion_parallel_degree", c.pipefusion_parallel_degree,
+                 "PipeFusion pipeline stages")
+      ->group(kPar)
+      ->capture_default_str();
+  app.add_option("--tensor_parallel_degree", c.tensor_parallel_degree, "Tensor parallel degree")
+      ->group(kPar)
+      ->capture_default_str();
+  app.add_option("--data_parallel_degree", c.data_parallel_degree, "Data parallel degree")
+      ->group(kPar)
+      ->capture_default_str();
+  app.add_flag("--use_cfg_parallel", c.use_cfg_parallel, "Enable CFG parallel")->group(kPar);
+  app.add_flag("--use_parallel_vae", c.use_parallel_vae, "Enable parallel VAE")->group(kPar);
+  app.add_flag("--use_fsdp", c.use_fsdp, "Enable FSDP")->group(kPar);
+  app.add_option("--num_pipeline_patch", c.num_pipeline_patch,
+                 "PipeFusion patches (default: the pipeline degree)")
+      ->group(kPar);
+  app.add_option("--pipefusion_warmup_steps", c.pipefusion_warmup_steps,
+                 "Synchronous PipeFusion warm-up steps")
+      ->group(kPar)
+      ->capture_default_str();
+  app.add_option("--comm_timeout", c.comm_timeout,
+                 "Seconds a rank waits in any collective before the job is aborted")
+      ->group(kPar)
+      ->capture_default_str();
+
+  const char* kIn = "Input parameters";
+  app.add_option("--prompt", c.prompt, "Text prompt(s) for generation")->group(kIn);
+  app.add_option("--negative_prompt", c.negative_prompt, "Negative prompt(s)")->group(kIn);
+  app.add_option("--height", c.height, "Output height (model default)")->group(kIn);
+  app.add_option("--width", c.width, "Output width (model default)")->group(kIn);
+  app.add_option("--num_frames", c.num_frames, "Number of frames for video models")->group(kIn);
+  app.add_option("--num_inference_steps", c.num_inference_steps, "Denoising steps")->group(kIn);
+  app.add_option("--guidance_scale", c.guidance_scale, "Guidance scale (model default)")
+      ->group(kIn);
+  app.add_option("--true_cfg_scale", c.true_cfg_scale,
+                 "True classifier-free guidance scale (FLUX; > 1 with a negative prompt)")
+      ->group(kIn);
+  app.add_option("--max_sequence_length", c.max_sequence_length, "Maximum text sequence length")
+      ->group(kIn);
+  app.add_option("--seed", c.seed, "Random seed for reproducibility")
+      ->group(kIn)
+      ->capture_default_str();
+  app.add_option("--input_images", c.input_images, "Input image paths for image-to-image/video")
+      ->group(kIn);
+
+  const char* kOpt = "Optimization options";
+  app.add_flag("--use_torch_compile", c.use_torch_compile,
+               "Compile / fused-override path of the backend")
+      ->group(kOpt);
+  app.add_flag("--use_fp8_gemms", c.use_fp8_gemms, "Enable FP8 GEMM quantization")->group(kOpt);
+  app.add_flag("--enable_tiling", c.enable_tiling, "Enable VAE tiling")->group(kOpt);
+  app.add_flag("--enable_slicing", c.enable_slicing, "Enable VAE slicing")->group(kOpt);
+  app.add_flag("--enable_model_cpu_offload", c.enable_model_cpu_offload, "Enable model CPU offload")
+      ->group(kOpt);
+  app.add_flag("--enable_sequential_cpu_offload", c.enable_sequential_cpu_offload,
+               "Enable sequential CPU offload")
+      ->group(kOpt);
+  app.add_option("--attention_backend", c.attention_backend, "Attention backend selection")
+      ->group(kOpt);
+  app.add_option("--dtype", c.dtype, "Compute dtype: fp32, bf16 or fp16 (default: model's)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->group(kOpt);
+
+  const char* kBench = "Benchmarking";
+  app.add_option("--num_iterations", c.num_iterations, "Number of timed iterations")
+      ->group(kBench)
+      ->capture_default_str();
+  app.add_option("--warmup_calls", c.warmup_calls, "Untimed warm-up generations")
+      ->group(kBench)
+      ->capture_default_str();
+  app.add_option("--batch_size", c.batch_size, "Batch size for dataset inference")->group(kBench);
+  app.add_option("--dataset_path", c.dataset_path, "Prompt dataset (.txt, .csv or .jsonl)")
+      ->group(kBench);
+  app.add_option("--output_directory", c.output_directory, "Output save directory")
+      ->group(kBench)
+      ->capture_default_str();
+  app.add_flag("--resume", c.resume, "Dataset runs: skip prompts whose output is complete")
+      ->group(kBench);
+
+  const char* kProf = "Profiling";
+  app.add_flag("--profile", c.profile, "Write per-rank Chrome traces instead of outputs")
+      ->group(kProf);
+  app.add_option("--profile_wait", c.profile_wait, "Profiler wait steps")
+      ->group(kProf)
+      ->capture_default_str();
+  app.add_option("--profile_warmup", c.profile_warmup, "Profiler warmup steps")
+      ->group(kProf)
+      ->capture_default_str();
+  app.add_option("--profile_active", c.profile_active, "Profiler active steps")
+      ->group(kProf)
+      ->capture_default_str();
+
+  app.add_option("--log_level", c.log_level, "trace, debug, info, warn or error")
+      ->group("Logging")
+      ->capture_default_str();
+}
+
+std::vector<std::string> unsupported_flags_used(const CLI::App& app) {
+  std::vector<std::string> used;
+  for (const auto& name : not_yet_supported()) {
+    const CLI::Option* opt = app.get_option_no_throw(name);
+    if (opt && opt->count() > 0) used.push_back(name);
+  }
+  return used;
+}
+
+void validate_values(const RunConfig& c) {
+  auto positive = [](const char* flag, int value) {
+    XF_CHECK(value >= 1, flag, " must be >= 1 (got ", value, ")");
+  };
+  positive("--ulysses_degree", c.ulysses_degree);
+  positive("--ring_degree", c.ring_degree);
+  positive("--pipefusion_parallel_degree", c.pipefusion_parallel_degree);
+  positive("--tensor_parallel_degree", c.tensor_parallel_degree);
+  positive("--data_parallel_degree", c.data_parallel_degree);
+  positive("--num_iterations", c.num_iterations);
+  XF_CHECK(c.warmup_calls >= 0, "--warmup_calls must be >= 0 (got ", c.warmup_calls, ")");
+  XF_CHECK(c.pipefusion_warmup_steps >= 0, "--pipefusion_warmup_steps must be >= 0 (got ",
+           c.pipefusion_warmup_steps, ")");
+  XF_CHECK(c.num_pipeline_patch >= 0, "--num_pipeline_patch must be >= 0 (got ",
+           c.num_pipeline_patch, ")");
+  XF_CHECK(std::isfinite(c.comm_timeout) && c.comm_timeout > 0,
+           "--comm_timeout must be a positive number of seconds (got ", c.comm_timeout, ")");
+  if (c.num_inference_steps) positive("--num_inference_steps", *c.num_inference_steps);
+  if (c.batch_size) positive("--batch_size", *c.batch_size);
+  for (auto [flag, value] : {std::pair{"--height", c.height}, std::pair{"--width", c.width}}) {
+    if (!value) continue;
+    XF_CHECK(*value > 0 && *value % 16 == 0, flag, " must be a positive multiple of 16 (got ",
+             *value, ")");
+    XF_CHECK(*value <= 16384, flag, " must be at most 16384 (got ", *value, ")");
+  }
+  for (auto [flag, value] : {std::pair{"--guidance_scale", c.guidance_scale},
+                             std::pair{"--true_cfg_scale", c.true_cfg_scale}}) {
+    if (!value) continue;
+    XF_CHECK(std::isfinite(*value), flag, " must be a finite number (got ", *value, ")");
+    XF_CHECK(*value >= 0, flag, " must be >= 0 (got ", *value, ")");
+  }
+  if (c.max_sequence_length) positive("--max_sequence_length", *c.max_sequence_length);
+  XF_CHECK(c.profile_wait >= 0 && c.profile_warmup >= 0 && c.profile_active >= 1,
+           "--profile_wait and --profile_warmup must be >= 0 and --profile_active >= 1 (got ",
+           c.profile_wait, ", ", c.profile_warmup, ", ", c.profile_active, ")");
+  XF_CHECK(!c.output_directory.empty(), "--output_directory must not be empty");
+}
+
+}  // namespace xfuser::runner

@@ -1,0 +1,89 @@
+// RunConfig: every xfuser-run flag, with xDiT's names and groups (../shared/seeds/
+// xdit-unified-runner.md). Parsed once, then immutable; model defaults are applied by
+// Runner::preprocess_args from the model's registry entry.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace xfuser::runner {
+
+struct RunConfig {
+  // Model selection
+  std::string model;  // registry id or alias, or a Hugging Face repo id
+  std::string model_path;
+  std::string task;
+
+  // Parallelization
+  int ulysses_degree = 1;
+  int ring_degree = 1;
+  int pipefusion_parallel_degree = 1;
+  int tensor_parallel_degree = 1;
+  int data_parallel_degree = 1;
+  bool use_cfg_parallel = false;
+  bool use_parallel_vae = false;
+  bool use_fsdp = false;
+  int num_pipeline_patch = 0;  // 0: the pp degree
+  int pipefusion_warmup_steps = 1;
+  double comm_timeout = 600.0;  // seconds, every blocking collective
+
+  // Input parameters (unset optionals take the model's defaults)
+  std::vector<std::string> prompt;
+  std::vector<std::string> negative_prompt;
+  std::optional<int> height;
+  std::optional<int> width;
+  std::optional<int> num_frames;
+  std::optional<int> num_inference_steps;
+  std::optional<double> guidance_scale;
+  std::optional<double> true_cfg_scale;
+  std::optional<int> max_sequence_length;
+  int64_t seed = 42;
+  std::vector<std::string> input_images;
+
+  // Optimization
+  bool use_torch_compile = false;
+  bool use_fp8_gemms = false;
+  bool enable_tiling = false;
+  bool enable_slicing = false;
+  bool enable_model_cpu_offload = false;
+  bool enable_sequential_cpu_offload = false;
+  std::string attention_backend;
+  std::string dtype;  // "", fp32, bf16, fp16 ("" = model default for the device)
+
+  // Benchmarking
+  int num_iterations = 1;
+  int warmup_calls = 0;
+  std::optional<int> batch_size;
+  std::string dataset_path;
+  std::string output_directory = ".";
+  bool resume = false;
+
+  // Profiling
+  bool profile = false;
+  int profile_wait = 2;
+  int profile_warmup = 2;
+  int profile_active = 1;
+
+  // Logging
+  std::string log_level = "info";
+};
+
+// Declares every flag on `app`, bound to `config`, grouped like xDiT's tables.
+void add_run_flags(CLI::App& app, RunConfig& config);
+
+// The flags given on the command line whose feature is not implemented yet: each is an error
+// ("--x is not supported yet"), never silently ignored. Returns the offending flag names.
+std::vector<std::string> unsupported_flags_used(const CLI::App& app);
+
+// Checks values that are wrong for any model (zero steps, sizes not multiples of 16, NaN/inf
+// guidance, degrees < 1, ...). Throws xfuser::Error naming the flag, the value and what is
+// expected.
+void validate_values(const RunConfig& config);
+
+}  // namespace xfuser::runner

@@ -1,0 +1,124 @@
+#include <CLI/CLI.hpp>
+#include <gtest/gtest.h>
+
+#include "backends/error.h"
+#include "runner/run_config.h"
+
+namespace {
+
+using xfuser::runner::RunConfig;
+
+RunConfig parse(std::vector<std::string> args) {
+  RunConfig c;
+  CLI::App app;
+  xfuser::runner::add_run_flags(app, c);
+  std::reverse(args.begin(), args.end());
+  app.parse(args);
+  return c;
+}
+
+std::string validation_error(std::vector<std::string> args) {
+  RunConfig c = parse(std::move(args));
+  try {
+    xfuser::runner::validate_values(c);
+  } catch (const xfuser::Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+TEST(RunConfig, ParsesXditFlagNames) {
+  RunConfig c = parse({"--model",
+                       "FLUX.1-dev",
+                       "--prompt",
+                       "a cat",
+                       "--prompt",
+                       "a dog",
+                       "--ulysses_degree",
+                       "4",
+                       "--ring_degree",
+                       "2",
+                       "--height",
+                       "512",
+                       "--num_inference_steps",
+                       "8",
+                       "--guidance_scale",
+                       "3.5",
+                       "--seed",
+                       "7",
+                       "--num_iterations",
+                       "3",
+                       "--warmup_calls",
+                       "1",
+                       "--output_directory",
+                       "/tmp/x"});
+  EXPECT_EQ(c.model, "FLUX.1-dev");
+  ASSERT_EQ(c.prompt.size(), 2u);
+  EXPECT_EQ(c.prompt[1], "a dog");
+  EXPECT_EQ(c.ulysses_degree, 4);
+  EXPECT_EQ(c.ring_degree, 2);
+  EXPECT_EQ(c.height.value(), 512);
+  EXPECT_FALSE(c.width.has_value());
+  EXPECT_EQ(c.num_inference_steps.value(), 8);
+  EXPECT_DOUBLE_EQ(c.guidance_scale.value(), 3.5);
+  EXPECT_EQ(c.seed, 7);
+  EXPECT_EQ(c.num_iterations, 3);
+  EXPECT_EQ(c.warmup_calls, 1);
+  EXPECT_EQ(c.output_directory, "/tmp/x");
+}
+
+TEST(RunConfig, DefaultsMatchXdit) {
+  RunConfig c = parse({});
+  EXPECT_EQ(c.seed, 42);
+  EXPECT_EQ(c.num_iterations, 1);
+  EXPECT_EQ(c.warmup_calls, 0);
+  EXPECT_EQ(c.output_directory, ".");
+  EXPECT_EQ(c.profile_wait, 2);
+  EXPECT_EQ(c.profile_warmup, 2);
+  EXPECT_EQ(c.profile_active, 1);
+}
+
+TEST(RunConfig, HelpIsGroupedLikeXdit) {
+  RunConfig c;
+  CLI::App app;
+  xfuser::runner::add_run_flags(app, c);
+  std::string help = app.help();
+  for (const char* group : {"Model selection", "Parallelization", "Input parameters",
+                            "Optimization options", "Benchmarking", "Profiling"}) {
+    EXPECT_NE(help.find(group), std::string::npos) << group;
+  }
+}
+
+TEST(RunConfig, LaterFeaturesAreRejectedNotIgnored) {
+  RunConfig c;
+  CLI::App app;
+  xfuser::runner::add_run_flags(app, c);
+  std::vector<std::string> args = {"--use_fsdp", "--model", "x"};
+  std::reverse(args.begin(), args.end());
+  app.parse(args);
+  auto used = xfuser::runner::unsupported_flags_used(app);
+  ASSERT_EQ(used.size(), 1u);
+  EXPECT_EQ(used[0], "--use_fsdp");
+}
+
+TEST(RunConfig, BadValuesNameTheFlag) {
+  EXPECT_EQ(validation_error({"--num_inference_steps", "0"}),
+            "--num_inference_steps must be >= 1 (got 0)");
+  EXPECT_EQ(validation_error({"--num_inference_steps", "-3"}),
+            "--num_inference_steps must be >= 1 (got -3)");
+  EXPECT_EQ(validation_error({"--height", "500"}),
+            "--height must be a positive multiple of 16 (got 500)");
+  EXPECT_EQ(validation_error({"--width", "32768"}), "--width must be at most 16384 (got 32768)");
+  EXPECT_EQ(validation_error({"--guidance_scale", "nan"}),
+            "--guidance_scale must be a finite number (got nan)");
+  EXPECT_EQ(validation_error({"--ulysses_degree", "0"}), "--ulysses_degree must be >= 1 (got 0)");
+  EXPECT_EQ(validation_error({"--comm_timeout", "-1"}),
+            "--comm_timeout must be a positive number of seconds (got -1)");
+  EXPECT_EQ(validation_error({"--height", "512", "--width", "768"}), "");
+}
+
+TEST(RunConfig, UnknownDtypeIsAParseError) {
+  EXPECT_THROW(parse({"--dtype", "fp64"}), CLI::ValidationError);
+}
+
+}  // namespace
