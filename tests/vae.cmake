@@ -1,0 +1,1 @@
+xfuser_add_test(test_vae.cpp LABELS fixture)
