@@ -1,0 +1,160 @@
+// Component folders (a diffusers model folder such as transformer/ or vae/, or a transformers
+// one such as text_encoder/): config.json plus safetensors weights. Also the typed config
+// readers model Config structs use to apply diffusers' defaults.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+#include <nlohmann/json.hpp>
+
+#include "models/common/component.h"
+#include "models/weights/tensor_source.h"
+
+namespace xfuser::models {
+
+struct ComponentFolder {
+  std::string dir;
+  std::string config_path;  // dir/config.json
+  nlohmann::json config;
+  // diffusers' `_class_name`, else transformers' `architectures[0]`.
+  std::string class_name;
+  std::shared_ptr<TensorSource> weights;
+};
+
+// Reads dir/config.json and opens the weights with open_checkpoint(dir, variant). Errors name
+// the file: a missing or unreadable config.json, bad JSON, no class name, no weights.
+ComponentFolder open_component_folder(const std::string& dir, const std::string& variant = "");
+
+// open_component_folder -> ComponentRegistry::create(class, config) -> load(weights, dtype).
+// The component classes must be registered first (register_builtin_components()).
+std::shared_ptr<Component> load_component(const std::string& dir, c10::ScalarType dtype,
+                                          const std::string& variant = "");
+
+namespace detail {
+
+[[noreturn]] void throw_config_type_error(const nlohmann::json& value, const std::string& key,
+                                          const std::string& expected, const std::string& file);
+[[noreturn]] void throw_config_missing(const std::string& key, const std::string& file);
+
+// Strict conversion of one config value: an integer field rejects 2.5 and "2", a bool field
+// rejects 1. `key` names the value in errors ("axes_dims_rope[1]" for array elements).
+template <class T, class Enable = void>
+struct ConfigValue;
+
+template <>
+struct ConfigValue<bool> {
+  static std::string expected() { return "a boolean"; }
+  static bool convert(const nlohmann::json& v, const std::string& key, const std::string& file) {
+    if (!v.is_boolean()) throw_config_type_error(v, key, expected(), file);
+    return v.get<bool>();
+  }
+};
+
+template <class T>
+struct ConfigValue<T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>>> {
+  static std::string expected() {
+    return std::is_signed_v<T> ? "an integer" : "a non-negative integer";
+  }
+  static T convert(const nlohmann::json& v, const std::string& key, const std::string& file) {
+    if (v.is_number_unsigned()) {
+      const auto u = v.get<uint64_t>();
+      if (u <= static_cast<uint64_t>(std::numeric_limits<T>::max())) return static_cast<T>(u);
+    } else if (v.is_number_integer()) {
+      const auto i = v.get<int64_t>();
+      if (i >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+          (i < 0 ||
+           static_cast<uint64_t>(i) <= static_cast<uint64_t>(std::numeric_limits<T>::max())))
+        return static_cast<T>(i);
+    }
+    if (!v.is_number_integer()) throw_config_type_error(v, key, expected(), file);
+    throw_config_type_error(v, key,
+                            "an integer from " + std::to_string(std::numeric_limits<T>::min()) +
+                                " to " + std::to_string(std::numeric_limits<T>::max()),
+                            file);
+  }
+};
+
+template <class T>
+struct ConfigValue<T, std::enable_if_t<std::is_floating_point_v<T>>> {
+  static std::string expected() { return "a number"; }
+  static T convert(const nlohmann::json& v, const std::string& key, const std::string& file) {
+    if (!v.is_number()) throw_config_type_error(v, key, expected(), file);
+    return v.get<T>();
+  }
+};
+
+template <>
+struct ConfigValue<std::string> {
+  static std::string expected() { return "a string"; }
+  static std::string convert(const nlohmann::json& v, const std::string& key,
+                             const std::string& file) {
+    if (!v.is_string()) throw_config_type_error(v, key, expected(), file);
+    return v.get<std::string>();
+  }
+};
+
+template <>
+struct ConfigValue<nlohmann::json> {
+  static std::string expected() { return "any JSON value"; }
+  static nlohmann::json convert(const nlohmann::json& v, const std::string&, const std::string&) {
+    return v;
+  }
+};
+
+template <class U>
+struct ConfigValue<std::vector<U>> {
+  static std::string expected() {
+    return "an array (each element " + ConfigValue<U>::expected() + ")";
+  }
+  static std::vector<U> convert(const nlohmann::json& v, const std::string& key,
+                                const std::string& file) {
+    if (!v.is_array()) throw_config_type_error(v, key, expected(), file);
+    std::vector<U> out;
+    out.reserve(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      out.push_back(ConfigValue<U>::convert(v[i], key + "[" + std::to_string(i) + "]", file));
+    return out;
+  }
+};
+
+// Optional fields: null reads as nullopt.
+template <class U>
+struct ConfigValue<std::optional<U>> {
+  static std::string expected() { return ConfigValue<U>::expected() + " or null"; }
+  static std::optional<U> convert(const nlohmann::json& v, const std::string& key,
+                                  const std::string& file) {
+    if (v.is_null()) return std::nullopt;
+    return ConfigValue<U>::convert(v, key, file);
+  }
+};
+
+}  // namespace detail
+
+// config[key] as T; a missing or null key gives `default_value` (diffusers' __init__ default).
+// A value of the wrong type is an error naming `file`, the key and the expected type.
+template <class T>
+T cfg(const nlohmann::json& config, const std::string& key, T default_value,
+      const std::string& file) {
+  if (!config.is_object()) return default_value;
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return default_value;
+  return detail::ConfigValue<T>::convert(*it, key, file);
+}
+
+// config[key] as T; a missing (or, unless T is std::optional, null) key is an error.
+template <class T>
+T cfg_required(const nlohmann::json& config, const std::string& key, const std::string& file) {
+  if (!config.is_object()) detail::throw_config_missing(key, file);
+  auto it = config.find(key);
+  if (it == config.end()) detail::throw_config_missing(key, file);
+  return detail::ConfigValue<T>::convert(*it, key, file);
+}
+
+}  // namespace xfuser::models

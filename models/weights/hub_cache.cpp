@@ -1,0 +1,87 @@
+#include "models/weights/hub_cache.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "backends/error.h"
+
+namespace xfuser::models {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+std::vector<fs::path> hub_cache_roots() {
+  std::vector<fs::path> roots;
+  if (auto v = env("HF_HUB_CACHE"); !v.empty()) roots.emplace_back(v);
+  if (auto v = env("HUGGINGFACE_HUB_CACHE"); !v.empty()) roots.emplace_back(v);
+  if (auto v = env("HF_HOME"); !v.empty()) roots.push_back(fs::path(v) / "hub");
+  if (auto v = env("XDG_CACHE_HOME"); !v.empty()) roots.push_back(fs::path(v) / "huggingface/hub");
+  if (auto v = env("HOME"); !v.empty()) roots.push_back(fs::path(v) / ".cache/huggingface/hub");
+  return roots;
+}
+
+fs::path find_in_hub_cache(const std::string& repo_id, const std::string& revision) {
+  auto slash = repo_id.find('/');
+  XF_CHECK(slash != std::string::npos && slash > 0 && slash + 1 < repo_id.size() &&
+               repo_id.find('/', slash + 1) == std::string::npos,
+           "'", repo_id, "' is not a Hugging Face repo id of the form org/name");
+  const std::string folder =
+      "models--" + repo_id.substr(0, slash) + "--" + repo_id.substr(slash + 1);
+  std::ostringstream looked;
+  std::error_code ec;
+  for (const auto& root : hub_cache_roots()) {
+    const fs::path repo = root / folder;
+    const fs::path snapshots = repo / "snapshots";
+    looked << "\n    " << snapshots.string();
+    if (!fs::is_directory(snapshots, ec)) continue;
+    std::ifstream ref(repo / "refs" / revision);
+    std::string commit;
+    if (ref && std::getline(ref, commit) && !trim(commit).empty()) {
+      const fs::path snap = snapshots / trim(commit);
+      if (fs::is_directory(snap, ec)) return snap;
+    }
+    fs::path newest;
+    fs::file_time_type newest_time{};
+    for (const auto& entry : fs::directory_iterator(snapshots, ec)) {
+      if (!entry.is_directory()) continue;
+      auto t = fs::last_write_time(entry.path(), ec);
+      if (newest.empty() || t > newest_time) {
+        newest = entry.path();
+        newest_time = t;
+      }
+    }
+    if (!newest.empty()) return newest;
+  }
+  XF_THROW("model '", repo_id, "' is not in the local Hugging Face cache; looked in:",
+           looked.str().empty() ? std::string("\n    (no cache folder: HOME, HF_HOME unset)")
+                                : looked.str(),
+           "\n  xfuser never downloads weights. Fetch them on a machine with network access "
+           "(e.g. `huggingface-cli download ",
+           repo_id,
+           "`) into one of these folders (HF_HUB_CACHE / HF_HOME select it), or pass "
+           "--model_path with a diffusers pipeline folder (the one holding model_index.json).");
+}
+
+void check_pipeline_folder(const fs::path& dir) {
+  std::error_code ec;
+  XF_CHECK(fs::exists(dir, ec), "model folder ", dir.string(), " does not exist");
+  XF_CHECK(fs::is_directory(dir, ec), "model path ", dir.string(), " is not a folder");
+  XF_CHECK(fs::exists(dir / "model_index.json", ec), "model folder ", dir.string(),
+           " has no model_index.json: expected a diffusers pipeline folder (model_index.json, "
+           "scheduler/, text_encoder/, tokenizer/, transformer/, vae/, ...)");
+}
+
+}  // namespace xfuser::models

@@ -1,0 +1,27 @@
+// Finding checkpoints offline: a diffusers pipeline folder given directly, or a Hugging Face
+// repo id looked up in the local Hugging Face cache. Nothing is ever downloaded.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace xfuser::models {
+
+// The hub cache folders searched, in order: $HF_HUB_CACHE, $HF_HOME/hub,
+// $XDG_CACHE_HOME/huggingface/hub, ~/.cache/huggingface/hub (unset variables skipped).
+std::vector<std::filesystem::path> hub_cache_roots();
+
+// The snapshot folder of `repo_id` ("org/name") in the first cache root that has it:
+// <root>/models--org--name/snapshots/<rev>, where <rev> is refs/<revision> (default "main") when
+// that ref exists, else the only snapshot, else the most recently modified one. Throws
+// xfuser::Error listing every folder it looked in and how to fix it (download on a machine with
+// network access, or pass --model_path).
+std::filesystem::path find_in_hub_cache(const std::string& repo_id,
+                                        const std::string& revision = "main");
+
+// Checks a diffusers pipeline folder: it exists and has model_index.json (error names the
+// folder and what is missing).
+void check_pipeline_folder(const std::filesystem::path& dir);
+
+}  // namespace xfuser::models
