@@ -46,8 +46,8 @@ class Module {
 
   // Loads every parameter from `source` in `dtype` (copy when the dtype differs, else a view).
   // `prefix` is prepended to every name looked up in the source.
-  void load(const TensorSource& source, c10::ScalarType dtype, const std::string& prefix = "",
-            const LoadOptions& options = {});
+  virtual void load(const TensorSource& source, c10::ScalarType dtype,
+                    const std::string& prefix = "", const LoadOptions& options = {});
 
   // Fills every parameter with seeded random values (tests, tiny models): N(0, std) per tensor.
   void init_random(uint64_t seed, double std = 0.02, c10::ScalarType dtype = c10::kFloat);

@@ -1,14 +1,118 @@
-// PLACEHOLDER replaced by the FLUX work: `xfuser forward`.
+// `xfuser forward`: runs one component folder (diffusers / transformers layout) on named inputs
+// read from a safetensors file and writes every output as float32 to another.
+//
+//   xfuser forward --model-dir DIR --inputs IN.safetensors --output OUT.safetensors
+//                  [--dtype fp32|bf16|fp16] [--method forward|decode|...]
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
+#include <c10/core/InferenceMode.h>
+#include <spdlog/spdlog.h>
 
 #include "backends/error.h"
+#include "models/common/component.h"
+#include "models/common/layers.h"
+#include "models/weights/component_folder.h"
+#include "models/weights/safetensors.h"
 #include "runner/tool/commands.h"
 
 namespace xfuser::runner::tool {
+namespace {
+
+struct ForwardOptions {
+  std::string model_dir;
+  std::string inputs;
+  std::string output;
+  std::string dtype = "fp32";
+  std::string method = "forward";
+};
+
+c10::ScalarType parse_dtype(const std::string& name) {
+  if (name == "fp32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  XF_THROW("--dtype must be fp32, bf16 or fp16, got '", name, "'");
+}
+
+// libtorch intra-op threads from OMP_NUM_THREADS when it starts with a positive integer (OpenMP
+// also allows lists such as "4,2": the first level counts); anything else is left to libtorch.
+void apply_thread_setting() {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (!env || !*env) return;
+  char* end = nullptr;
+  const long n = std::strtol(env, &end, 10);
+  if (end == env || n <= 0) {
+    spdlog::warn("forward: ignoring OMP_NUM_THREADS='{}' (not a positive integer)", env);
+    return;
+  }
+  at::set_num_threads(static_cast<int>(n));
+}
+
+void run_forward(const ForwardOptions& opts) {
+  XF_CONTEXT("xfuser forward --model-dir ", opts.model_dir);
+  apply_thread_setting();
+  c10::InferenceMode inference;
+  const auto dtype = parse_dtype(opts.dtype);
+
+  models::register_builtin_components();
+  auto component = models::load_component(opts.model_dir, dtype);
+  const auto methods = component->methods();
+  bool known = false;
+  std::string listing;
+  for (const auto& m : methods) {
+    known = known || m == opts.method;
+    listing += (listing.empty() ? "" : ", ") + m;
+  }
+  XF_CHECK(known, "--method '", opts.method, "' is not a method of ", component->class_name(),
+           " (methods: ", listing, ")");
+
+  models::SafetensorsFile input_file(opts.inputs);
+  models::TensorMap inputs;
+  for (const auto& name : input_file.names()) {
+    at::Tensor t = input_file.get(name);
+    inputs[name] = at::isFloatingType(t.scalar_type()) ? t.to(dtype) : t;
+  }
+  spdlog::info("forward: {} ({}, {}) method {} on {} input(s) from {}", component->class_name(),
+               opts.model_dir, opts.dtype, opts.method, inputs.size(), opts.inputs);
+
+  auto outputs = component->call(opts.method, inputs);
+  XF_CHECK(!outputs.empty(), component->class_name(), ".", opts.method, " returned no outputs");
+  std::map<std::string, at::Tensor> to_save;
+  for (const auto& [name, t] : outputs) {
+    XF_CHECK(t.defined(), component->class_name(), ".", opts.method, " returned an undefined '",
+             name, "'");
+    to_save[name] = t.to(at::kFloat).contiguous();
+    spdlog::info("forward: output {} {}", name, models::shape_string(t.sizes()));
+  }
+  models::save_safetensors(opts.output, to_save);
+  spdlog::info("forward: wrote {} output(s) to {}", to_save.size(), opts.output);
+}
+
+}  // namespace
 
 void register_forward(CLI::App& app) {
-  auto* cmd = app.add_subcommand("forward", "Run one model component on saved inputs");
-  cmd->callback([] { XF_THROW("xfuser forward is not implemented yet"); });
+  auto opts = std::make_shared<ForwardOptions>();
+  auto* cmd = app.add_subcommand(
+      "forward", "Run one model component folder on inputs from a safetensors file");
+  cmd->add_option("--model-dir", opts->model_dir,
+                  "Component folder (config.json + safetensors weights)")
+      ->required();
+  cmd->add_option("--inputs", opts->inputs,
+                  "safetensors file with the call's tensors under their keyword names")
+      ->required();
+  cmd->add_option("--output", opts->output, "safetensors file for the outputs (float32)")
+      ->required();
+  cmd->add_option("--dtype", opts->dtype, "Compute dtype: fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  cmd->add_option("--method", opts->method, "Component method: forward, decode, ...")
+      ->capture_default_str();
+  cmd->callback([opts] { run_forward(*opts); });
 }
 
 }  // namespace xfuser::runner::tool

@@ -1,0 +1,190 @@
+#include "backends/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <tuple>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "backends/error.h"
+
+namespace xfuser::backends {
+namespace {
+
+constexpr int64_t kAutoChunkScoreElements = int64_t{1} << 24;
+
+std::string shape_str(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+// The mask as a boolean [B|1, H|1, Sq|1, Sk] tensor (undefined when there is none).
+at::Tensor normalize_mask(const at::Tensor& mask, int64_t b, int64_t h, int64_t sq, int64_t sk) {
+  if (!mask.defined()) return {};
+  XF_CHECK(mask.scalar_type() == at::kBool, "attention: mask must be boolean (True = attend), got ",
+           mask.scalar_type());
+  at::Tensor m = mask;
+  if (m.dim() == 2) {
+    XF_CHECK(m.size(0) == b && m.size(1) == sk, "attention: key mask ", shape_str(m),
+             " must be [B, Sk] = [", b, ", ", sk, "]");
+    return m.view({b, 1, 1, sk});
+  }
+  XF_CHECK(m.dim() == 4, "attention: mask ", shape_str(m),
+           " must be a key mask [B, Sk] or broadcastable to [B, H, Sq, Sk] = [", b, ", ", h, ", ",
+           sq, ", ", sk, "]");
+  const int64_t want[4] = {b, h, sq, sk};
+  for (int i = 0; i < 4; ++i) {
+    XF_CHECK(m.size(i) == want[i] || (m.size(i) == 1 && i < 3), "attention: mask ", shape_str(m),
+             " is not broadcastable to [B, H, Sq, Sk] = [", b, ", ", h, ", ", sq, ", ", sk, "]");
+  }
+  return m;
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  XF_CHECK(q.defined() && k.defined() && v.defined(), "attention: q, k and v must be defined");
+  XF_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+           "attention: q, k, v must be [B, S, H, D]; got q ", shape_str(q), ", k ", shape_str(k),
+           ", v ", shape_str(v));
+  XF_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(2) == q.size(2) &&
+               v.size(2) == q.size(2),
+           "attention: batch and head counts differ: q ", shape_str(q), ", k ", shape_str(k),
+           ", v ", shape_str(v));
+  XF_CHECK(k.size(3) == q.size(3), "attention: q head dim ", q.size(3), " != k head dim ",
+           k.size(3), " (q ", shape_str(q), ", k ", shape_str(k), ")");
+  XF_CHECK(k.size(1) == v.size(1), "attention: k has ", k.size(1), " keys but v has ", v.size(1),
+           " (k ", shape_str(k), ", v ", shape_str(v), ")");
+  XF_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+           "attention: q, k, v dtypes differ: ", q.scalar_type(), ", ", k.scalar_type(), ", ",
+           v.scalar_type());
+  XF_CHECK(at::isFloatingType(q.scalar_type()), "attention: inputs must be floating point, got ",
+           q.scalar_type());
+  XF_CHECK(q.device() == k.device() && q.device() == v.device(),
+           "attention: q, k, v are on different devices");
+}
+
+AttentionOutput chunked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& mask, double scale, int64_t chunk) {
+  const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), sk = k.size(1), dv = v.size(3);
+  const auto f32 = q.options().dtype(at::kFloat);
+  auto out = at::empty({b, sq, h, dv}, q.options());
+  auto lse = at::empty({b, h, sq}, f32);
+  if (sq == 0) return {out, lse};
+  if (sk == 0) {
+    out.zero_();
+    lse.fill_(-std::numeric_limits<float>::infinity());
+    return {out, lse};
+  }
+  if (chunk <= 0)
+    chunk = std::max<int64_t>(1, kAutoChunkScoreElements / std::max<int64_t>(1, b * h * sk));
+  chunk = std::min(chunk, sq);
+
+  auto qt = q.transpose(1, 2);                              // [B, H, Sq, D]
+  auto kt = k.transpose(1, 2).to(at::kFloat).contiguous();  // [B, H, Sk, D]
+  auto vt = v.transpose(1, 2).to(at::kFloat).contiguous();  // [B, H, Sk, Dv]
+  auto kT = kt.transpose(-1, -2);                           // [B, H, D, Sk]
+  const bool mask_per_query = mask.defined() && mask.size(2) > 1;
+  at::Tensor not_mask = mask.defined() ? mask.logical_not() : at::Tensor();
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+
+  for (int64_t start = 0; start < sq; start += chunk) {
+    const int64_t len = std::min(chunk, sq - start);
+    auto qc = qt.narrow(2, start, len).to(at::kFloat);  // [B, H, c, D]
+    auto s = at::matmul(qc, kT);                        // [B, H, c, Sk]
+    s.mul_(scale);
+    if (mask.defined()) {
+      s.masked_fill_(mask_per_query ? not_mask.narrow(2, start, len) : not_mask, neg_inf);
+    }
+    auto m = std::get<0>(s.max(-1, /*keepdim=*/true));      // [B, H, c, 1]
+    if (mask.defined()) m.masked_fill_(m == neg_inf, 0.0);  // fully masked rows
+    s.sub_(m).exp_();
+    auto l = s.sum(-1, /*keepdim=*/true);  // [B, H, c, 1]
+    auto o = at::matmul(s, vt);            // [B, H, c, Dv]
+    if (mask.defined()) {
+      o.div_(at::where(l == 0, at::ones_like(l), l));  // masked rows stay 0
+    } else {
+      o.div_(l);
+    }
+    out.narrow(1, start, len).copy_(o.transpose(1, 2));
+    lse.narrow(2, start, len).copy_((m + l.log()).squeeze(-1));
+  }
+  return {out, lse};
+}
+
+#if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 1)
+// Fused CUDA kernels (libtorch >= 2.1 signatures). Returns false when they do not apply.
+bool fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                     AttentionOutput* result) {
+  const int64_t sq = q.size(1), d = q.size(3), dv = v.size(3);
+  if (!q.is_cuda() || q.size(0) == 0 || sq == 0 || k.size(1) == 0) return false;
+  auto qt = q.transpose(1, 2);  // [B, H, Sq, D]
+  auto kt = k.transpose(1, 2);
+  auto vt = v.transpose(1, 2);
+  const auto dtype = q.scalar_type();
+  const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
+  if (half && d == dv && d % 8 == 0 && d <= 256) {
+    auto r = at::_scaled_dot_product_flash_attention(qt.contiguous(), kt.contiguous(),
+                                                     vt.contiguous(), 0.0, false, false, scale);
+    result->out = std::get<0>(r).transpose(1, 2);                  // [B, Sq, H, Dv]
+    result->lse = std::get<1>(r).narrow(2, 0, sq).to(at::kFloat);  // [B, H, Sq]
+    return true;
+  }
+  if (d % 8 == 0 && dv % 8 == 0) {
+    auto r = at::_scaled_dot_product_efficient_attention(
+        qt.contiguous(), kt.contiguous(), vt.contiguous(), c10::nullopt, true, 0.0, false, scale);
+    result->out = std::get<0>(r).transpose(1, 2);
+    result->lse = std::get<1>(r).narrow(2, 0, sq).to(at::kFloat);  // padded to 32 in some versions
+    return true;
+  }
+  return false;
+}
+#endif
+
+}  // namespace
+
+AttentionOutput attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const AttentionOptions& opts) {
+  check_inputs(q, k, v);
+  const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1);
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
+  at::Tensor mask = normalize_mask(opts.mask, b, h, sq, sk);
+  if (mask.defined()) mask = mask.to(q.device());
+#if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 1)
+  if (opts.allow_fused && !mask.defined()) {
+    AttentionOutput fused;
+    if (fused_attention(q, k, v, scale, &fused)) return fused;
+  }
+#endif
+  return chunked_attention(q, k, v, mask, scale, opts.query_chunk_size);
+}
+
+AttentionOutput merge_attention(const AttentionOutput& a, const AttentionOutput& b,
+                                std::optional<c10::ScalarType> out_dtype) {
+  XF_CHECK(a.out.defined() && b.out.defined() && a.lse.defined() && b.lse.defined(),
+           "merge_attention: both partial results must be defined");
+  XF_CHECK(a.out.sizes() == b.out.sizes(),
+           "merge_attention: outputs differ in shape: ", shape_str(a.out), " vs ",
+           shape_str(b.out));
+  XF_CHECK(a.out.dim() == 4 && a.lse.dim() == 3 && a.lse.sizes() == b.lse.sizes() &&
+               a.lse.size(0) == a.out.size(0) && a.lse.size(1) == a.out.size(2) &&
+               a.lse.size(2) == a.out.size(1),
+           "merge_attention: expected out [B, Sq, H, Dv] and lse [B, H, Sq]; got out ",
+           shape_str(a.out), ", lse ", shape_str(a.lse), " and ", shape_str(b.lse));
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  auto la = a.lse.to(at::kFloat), lb = b.lse.to(at::kFloat);  // [B, H, Sq]
+  auto m = at::maximum(la, lb);
+  m.masked_fill_(m == neg_inf, 0.0);
+  auto wa = (la - m).exp(), wb = (lb - m).exp();
+  auto sum = wa + wb;
+  auto lse = m + sum.log();  // -inf when both sides are empty
+  auto safe = at::where(sum == 0, at::ones_like(sum), sum);
+  wa = (wa / safe).transpose(1, 2).unsqueeze(-1);  // [B, Sq, H, 1]
+  wb = (wb / safe).transpose(1, 2).unsqueeze(-1);
+  auto out = a.out.to(at::kFloat) * wa + b.out.to(at::kFloat) * wb;  // [B, Sq, H, Dv]
+  return {out.to(out_dtype.value_or(a.out.scalar_type())), lse};
+}
+
+}  // namespace xfuser::backends

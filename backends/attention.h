@@ -1,0 +1,53 @@
+// The one attention op every model uses: softmax(scale * Q K^T, masked) V, with the per-query
+// log-sum-exp of the (scaled, masked) scores so partial results can be merged exactly (ring
+// attention, stale K/V in PipeFusion).
+//
+// Layout (all tensors on one device):
+//   q    [B, Sq, H, D]      k [B, Sk, H, D]      v [B, Sk, H, Dv]
+//   out  [B, Sq, H, Dv]     in q's dtype
+//   lse  [B, H, Sq]         float32; -inf for a query whose keys are all masked (its out is 0)
+// Any strides are accepted ([B, S, H, D] views of [B, S, H*D] projections need no copy).
+//
+// CPU: computed in query chunks (memory O(chunk * Sk) per batch and head), with the scores,
+// softmax statistics and products in float32 whatever the input dtype. CUDA on libtorch >= 2.1
+// without a mask: the fused flash (fp16/bf16) or memory-efficient kernel; otherwise the chunked
+// path.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+
+namespace xfuser::backends {
+
+struct AttentionOptions {
+  // Multiplies Q K^T; default 1/sqrt(D).
+  std::optional<double> scale;
+  // Optional boolean mask, True = attend. Either a key mask [B, Sk] or a tensor broadcastable to
+  // [B, H, Sq, Sk] (e.g. [B, 1, 1, Sk] or a pairwise [B, 1, Sq, Sk]). Undefined = no mask.
+  at::Tensor mask;
+  // Queries per chunk on the chunked path; 0 = automatic (about 16M score elements per chunk).
+  int64_t query_chunk_size = 0;
+  // Allow the fused CUDA kernels (libtorch >= 2.1); false forces the chunked path.
+  bool allow_fused = true;
+};
+
+struct AttentionOutput {
+  at::Tensor out;  // [B, Sq, H, Dv], q's dtype (merge_attention: see there)
+  at::Tensor lse;  // [B, H, Sq], float32
+};
+
+// Attention of q over k/v (see the layout above). Shapes are checked; errors name the tensors.
+AttentionOutput attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const AttentionOptions& opts = {});
+
+// Exactly combines two attention results of the same queries over disjoint key sets:
+//   lse = log(exp(lse_a) + exp(lse_b)),  out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b,
+// computed in float32. A side with lse = -inf contributes nothing; both -inf gives out 0 and
+// lse -inf. The output has `out_dtype` (default: a.out's dtype; pass float32 to keep an exact
+// accumulator over many merges).
+AttentionOutput merge_attention(const AttentionOutput& a, const AttentionOutput& b,
+                                std::optional<c10::ScalarType> out_dtype = std::nullopt);
+
+}  // namespace xfuser::backends

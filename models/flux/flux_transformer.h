@@ -1,0 +1,98 @@
+// FluxTransformer2DModel (FLUX.1): diffusers' module tree, parameter names and math.
+//
+// The forward is split so that parallel strategies can drive it without the model knowing:
+//   state = embed(inputs)                       x/context embeddings, temb, RoPE tables
+//   run_double_blocks(state, begin, end)        transformer_blocks[begin, end)
+//   run_single_blocks(state, begin, end)        single_transformer_blocks[begin, end)
+//   sample = finalize(state)                    norm_out + proj_out on the image tokens
+// and every attention goes through one AttentionHook (default: the local backends op), called
+// with q/k/v [B, S, H, hd] after QK norms and RoPE, text tokens first.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/common/component.h"
+#include "models/common/layers.h"
+#include "models/flux/flux_config.h"
+
+namespace xfuser::models::flux {
+
+// The tensors of one forward call, under diffusers' keyword names.
+struct FluxInputs {
+  at::Tensor hidden_states;          // [B, N, in_channels]
+  at::Tensor encoder_hidden_states;  // [B, L, joint_attention_dim]
+  at::Tensor pooled_projections;     // [B, pooled_projection_dim]
+  at::Tensor timestep;               // [B] or [1]: sigma (the model multiplies by 1000)
+  at::Tensor img_ids;                // [N, n_axes] float (deprecated [B', N, n_axes]: first taken)
+  at::Tensor txt_ids;                // [L, n_axes] float (deprecated [B', L, n_axes])
+  at::Tensor guidance;               // [B] or [1]; required with guidance_embeds, else ignored
+};
+
+// The activations between stages of the forward.
+struct FluxState {
+  // Image stream [B, N, D] during the double blocks; the joint [text, image] sequence
+  // [B, L + N, D] once `joined` (the single blocks).
+  at::Tensor hidden;
+  at::Tensor context;       // [B, L, D] text stream; undefined once joined
+  at::Tensor temb;          // [B, D] conditioning
+  RotaryTables rope;        // [L + N, hd] float32, rows in [text, image] order
+  int64_t text_tokens = 0;  // L
+  bool joined = false;
+};
+
+class FluxTransformerBlock;
+class FluxSingleTransformerBlock;
+
+class FluxTransformer2DModel : public Component {
+ public:
+  explicit FluxTransformer2DModel(FluxConfig config);
+  ~FluxTransformer2DModel() override;
+
+  std::string class_name() const override { return "FluxTransformer2DModel"; }
+  // "forward": inputs under FluxInputs' names; output {"sample": [B, N, patch^2 * out_channels]}.
+  TensorMap call(const std::string& method, const TensorMap& inputs) override;
+
+  const FluxConfig& config() const { return config_; }
+  // Dtype of the loaded parameters (the compute dtype); an error before loading.
+  c10::ScalarType dtype() const;
+
+  // Routes every attention call; an empty hook restores the local backends op.
+  // Layer indices: double block i -> i, single block j -> num_layers + j.
+  void set_attention_hook(AttentionHook hook) { attention_hook_ = std::move(hook); }
+
+  // Input names call("forward") accepts, in diffusers' order.
+  static const std::vector<std::string>& input_names();
+  // Maps named tensors to FluxInputs; unknown or missing names are errors.
+  FluxInputs parse_inputs(const TensorMap& inputs) const;
+  // Shape checks with errors naming the input and the expected shape.
+  void check_inputs(const FluxInputs& in) const;
+
+  FluxState embed(const FluxInputs& in) const;
+  void run_double_blocks(FluxState& state, int64_t begin, int64_t end) const;
+  void run_single_blocks(FluxState& state, int64_t begin, int64_t end) const;
+  at::Tensor finalize(const FluxState& state) const;  // [B, N, patch^2 * out_channels]
+  // embed -> all blocks -> finalize.
+  at::Tensor forward(const FluxInputs& in) const;
+
+ private:
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const AttentionCall& call) const;
+
+  FluxConfig config_;
+  AttentionHook attention_hook_;
+  std::shared_ptr<Linear> x_embedder_, context_embedder_, proj_out_;
+  std::shared_ptr<TimestepEmbedding> timestep_embedder_, guidance_embedder_;
+  std::shared_ptr<PixArtAlphaTextProjection> text_embedder_;
+  std::vector<std::shared_ptr<FluxTransformerBlock>> blocks_;
+  std::vector<std::shared_ptr<FluxSingleTransformerBlock>> single_blocks_;
+  std::shared_ptr<AdaLayerNormContinuous> norm_out_;
+};
+
+// Factory for the ComponentRegistry: FluxConfig::from_json(config) -> an unloaded model.
+std::shared_ptr<Component> make_flux_transformer(const nlohmann::json& config,
+                                                 const std::string& config_path);
+
+}  // namespace xfuser::models::flux

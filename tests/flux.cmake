@@ -1,0 +1,4 @@
+# FLUX: the attention op, the FluxTransformer2DModel and the `xfuser forward` tool.
+xfuser_add_test(test_attention.cpp)
+xfuser_add_test(test_flux_transformer.cpp LABELS unit fixture)
+xfuser_add_test(test_forward_tool.cpp LABELS unit fixture)

@@ -1,0 +1,288 @@
+// backends::attention and merge_attention against a naive float64 softmax(QK^T)V reference.
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "backends/attention.h"
+#include "backends/error.h"
+#include "tests/test_util.h"
+
+namespace {
+
+using xfuser::backends::attention;
+using xfuser::backends::AttentionOptions;
+using xfuser::backends::AttentionOutput;
+using xfuser::backends::merge_attention;
+using xfuser::testing::max_rel_error;
+
+struct Reference {
+  at::Tensor out;  // [B, Sq, H, Dv] float64
+  at::Tensor lse;  // [B, H, Sq] float64
+};
+
+// Naive float64 reference; `mask` broadcastable to [B, H, Sq, Sk] (True = attend).
+Reference naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                const at::Tensor& mask = {}) {
+  auto qd = q.to(at::kDouble).permute({0, 2, 1, 3});  // [B, H, Sq, D]
+  auto kd = k.to(at::kDouble).permute({0, 2, 1, 3});
+  auto vd = v.to(at::kDouble).permute({0, 2, 1, 3});
+  auto s = at::matmul(qd, kd.transpose(-1, -2)) * scale;  // [B, H, Sq, Sk]
+  if (mask.defined()) {
+    s = s.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+  }
+  auto lse = at::logsumexp(s, -1);  // -inf for fully masked rows
+  auto p = at::exp(s - lse.unsqueeze(-1));
+  p = at::nan_to_num(p, 0.0);  // fully masked rows: exp(-inf - -inf) = nan -> 0
+  auto out = at::matmul(p, vd).permute({0, 2, 1, 3});  // [B, Sq, H, Dv]
+  return {out, lse};
+}
+
+// Compares finite lse entries and checks -inf entries coincide.
+void expect_lse_equal(const at::Tensor& got, const at::Tensor& want, double tol) {
+  ASSERT_EQ(got.scalar_type(), at::kFloat);
+  ASSERT_EQ(got.sizes(), want.sizes());
+  auto g = got.to(at::kDouble);
+  auto finite = at::isfinite(want);
+  EXPECT_TRUE(at::equal(at::isfinite(g), finite)) << "lse -inf pattern differs";
+  EXPECT_FALSE(at::isnan(g).any().item<bool>());
+  if (finite.any().item<bool>()) {
+    double err = (g.masked_select(finite) - want.masked_select(finite)).abs().max().item<double>();
+    EXPECT_LE(err, tol);
+  }
+}
+
+struct Shape {
+  int64_t b, sq, sk, h, d, dv;
+};
+
+class AttentionShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(AttentionShapes, MatchesNaiveForEveryChunkSize) {
+  const auto s = GetParam();
+  at::manual_seed(1);
+  auto q = at::randn({s.b, s.sq, s.h, s.d});
+  auto k = at::randn({s.b, s.sk, s.h, s.d});
+  auto v = at::randn({s.b, s.sk, s.h, s.dv});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  auto ref = naive(q, k, v, scale);
+  for (int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{3}, s.sq, s.sq + 5}) {
+    AttentionOptions opts;
+    opts.query_chunk_size = chunk;
+    auto r = attention(q, k, v, opts);
+    ASSERT_EQ(r.out.sizes(), (std::vector<int64_t>{s.b, s.sq, s.h, s.dv}));
+    ASSERT_EQ(r.lse.sizes(), (std::vector<int64_t>{s.b, s.h, s.sq}));
+    EXPECT_EQ(r.out.scalar_type(), at::kFloat);
+    EXPECT_LE(max_rel_error(r.out, ref.out), 1e-5) << "chunk " << chunk;
+    expect_lse_equal(r.lse, ref.lse, 1e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes,
+                         ::testing::Values(Shape{1, 7, 7, 2, 8, 8}, Shape{2, 13, 5, 3, 16, 16},
+                                           Shape{1, 64, 130, 1, 4, 4}, Shape{2, 9, 11, 2, 8, 6},
+                                           Shape{1, 1, 1, 1, 2, 2}));
+
+TEST(Attention, DefaultScaleIsInverseSqrtHeadDimAndCustomScaleApplies) {
+  at::manual_seed(2);
+  auto q = at::randn({1, 5, 2, 16}), k = at::randn({1, 6, 2, 16}), v = at::randn({1, 6, 2, 16});
+  auto r = attention(q, k, v);
+  EXPECT_LE(max_rel_error(r.out, naive(q, k, v, 0.25).out), 1e-5);
+  AttentionOptions opts;
+  opts.scale = 0.7;
+  auto c = attention(q, k, v, opts);
+  auto ref = naive(q, k, v, 0.7);
+  EXPECT_LE(max_rel_error(c.out, ref.out), 1e-5);
+  expect_lse_equal(c.lse, ref.lse, 1e-4);
+  EXPECT_GT(max_rel_error(r.out, c.out), 1e-3);  // the scale matters
+}
+
+TEST(Attention, AcceptsStridedViews) {
+  at::manual_seed(3);
+  // q/k/v as [B, S, H, D] views of one [B, S, 3*H*D] projection, and a permuted tensor.
+  auto qkv = at::randn({2, 10, 3 * 2 * 8});
+  auto parts = qkv.chunk(3, -1);
+  auto q = parts[0].view({2, 10, 2, 8}), k = parts[1].view({2, 10, 2, 8});
+  auto v = at::randn({2, 2, 10, 8}).permute({0, 2, 1, 3});
+  ASSERT_FALSE(q.is_contiguous());
+  ASSERT_FALSE(v.is_contiguous());
+  AttentionOptions opts;
+  opts.query_chunk_size = 4;
+  auto r = attention(q, k, v, opts);
+  EXPECT_LE(max_rel_error(r.out, naive(q, k, v, 1.0 / std::sqrt(8.0)).out), 1e-5);
+}
+
+TEST(Attention, KeyMaskAndFullyMaskedBatch) {
+  at::manual_seed(4);
+  const int64_t b = 3, sq = 6, sk = 9, h = 2, d = 8;
+  auto q = at::randn({b, sq, h, d}), k = at::randn({b, sk, h, d}), v = at::randn({b, sk, h, d});
+  auto mask = at::rand({b, sk}) > 0.4;
+  mask[0][0] = true;
+  mask[1].fill_(false);  // batch 1: every key masked -> zero output, -inf lse
+  mask[2].fill_(true);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  auto ref = naive(q, k, v, scale, mask.view({b, 1, 1, sk}));
+  for (int64_t chunk : {int64_t{0}, int64_t{2}, sq, sq + 1}) {
+    AttentionOptions opts;
+    opts.mask = mask;
+    opts.query_chunk_size = chunk;
+    auto r = attention(q, k, v, opts);
+    EXPECT_FALSE(at::isnan(r.out).any().item<bool>());
+    EXPECT_LE(max_rel_error(r.out, ref.out), 1e-5);
+    expect_lse_equal(r.lse, ref.lse, 1e-4);
+    EXPECT_EQ(r.out[1].abs().max().item<float>(), 0.0f);
+    EXPECT_TRUE(at::all(r.lse[1] == -std::numeric_limits<float>::infinity()).item<bool>());
+  }
+  // A 4-D [B, 1, 1, Sk] mask is the same mask.
+  AttentionOptions opts4;
+  opts4.mask = mask.view({b, 1, 1, sk});
+  EXPECT_LE(max_rel_error(attention(q, k, v, opts4).out, ref.out), 1e-5);
+}
+
+TEST(Attention, PairwiseMaskWithFullyMaskedRows) {
+  at::manual_seed(5);
+  const int64_t b = 2, sq = 7, sk = 5, h = 3, d = 4;
+  auto q = at::randn({b, sq, h, d}), k = at::randn({b, sk, h, d}), v = at::randn({b, sk, h, d});
+  auto mask = at::rand({b, 1, sq, sk}) > 0.5;
+  mask.select(2, 2).fill_(false);  // query 2: no keys in any batch
+  mask.select(2, 3).fill_(true);
+  auto ref = naive(q, k, v, 0.5, mask);
+  for (int64_t chunk : {int64_t{1}, int64_t{3}, sq, sq + 4}) {
+    AttentionOptions opts;
+    opts.mask = mask;
+    opts.query_chunk_size = chunk;
+    auto r = attention(q, k, v, opts);
+    EXPECT_FALSE(at::isnan(r.out).any().item<bool>());
+    EXPECT_FALSE(at::isnan(r.lse).any().item<bool>());
+    EXPECT_LE(max_rel_error(r.out, ref.out), 1e-5) << "chunk " << chunk;
+    expect_lse_equal(r.lse, ref.lse, 1e-4);
+    EXPECT_EQ(r.out.select(1, 2).abs().max().item<float>(), 0.0f);
+    EXPECT_TRUE(
+        at::all(r.lse.select(2, 2) == -std::numeric_limits<float>::infinity()).item<bool>());
+  }
+}
+
+TEST(Attention, PerHeadMask) {
+  at::manual_seed(6);
+  const int64_t b = 1, sq = 4, sk = 6, h = 2, d = 4;
+  auto q = at::randn({b, sq, h, d}), k = at::randn({b, sk, h, d}), v = at::randn({b, sk, h, d});
+  auto mask = at::rand({b, h, 1, sk}) > 0.3;
+  mask[0][0][0][0] = true;
+  mask[0][1][0][5] = true;
+  AttentionOptions opts;
+  opts.mask = mask;
+  auto ref = naive(q, k, v, 0.5, mask);
+  EXPECT_LE(max_rel_error(attention(q, k, v, opts).out, ref.out), 1e-5);
+}
+
+TEST(Attention, LseIsLogSumExpOfScaledScores) {
+  at::manual_seed(7);
+  auto q = at::randn({2, 5, 2, 8}) * 3, k = at::randn({2, 8, 2, 8}) * 3,
+       v = at::randn({2, 8, 2, 8});
+  AttentionOptions opts;
+  opts.query_chunk_size = 2;
+  auto r = attention(q, k, v, opts);
+  auto scores =
+      at::einsum("bqhd,bkhd->bhqk", {q.to(at::kDouble), k.to(at::kDouble)}) / std::sqrt(8.0);
+  auto want = at::logsumexp(scores, -1);  // [B, H, Sq]
+  EXPECT_LE((r.lse.to(at::kDouble) - want).abs().max().item<double>(), 1e-4);
+  EXPECT_GT(want.abs().max().item<double>(), 1.0);  // not a trivial case
+}
+
+TEST(Attention, HalfPrecisionInputsKeepFloat32Statistics) {
+  at::manual_seed(8);
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    auto q = at::randn({2, 33, 2, 16}).to(dtype);
+    auto k = at::randn({2, 40, 2, 16}).to(dtype);
+    auto v = at::randn({2, 40, 2, 16}).to(dtype);
+    AttentionOptions opts;
+    opts.query_chunk_size = 8;
+    auto r = attention(q, k, v, opts);
+    EXPECT_EQ(r.out.scalar_type(), dtype);
+    EXPECT_EQ(r.lse.scalar_type(), at::kFloat);
+    // Reference on the same (rounded) inputs: only the output rounding differs.
+    auto ref = naive(q, k, v, 0.25);
+    EXPECT_LE(max_rel_error(r.out, ref.out), dtype == at::kBFloat16 ? 8e-3 : 1e-3);
+    expect_lse_equal(r.lse, ref.lse, 1e-4);
+  }
+}
+
+TEST(Attention, MergeOfTwoKeyHalvesEqualsFullAttention) {
+  at::manual_seed(9);
+  const int64_t b = 2, sq = 9, sk = 14, h = 3, d = 8;
+  auto q = at::randn({b, sq, h, d}), k = at::randn({b, sk, h, d}), v = at::randn({b, sk, h, d});
+  auto full = attention(q, k, v);
+  auto a = attention(q, k.narrow(1, 0, 5), v.narrow(1, 0, 5));
+  auto c = attention(q, k.narrow(1, 5, sk - 5), v.narrow(1, 5, sk - 5));
+  auto m = merge_attention(a, c);
+  EXPECT_LE(max_rel_error(m.out, full.out), 1e-5);
+  EXPECT_LE((m.lse - full.lse).abs().max().item<float>(), 1e-5);
+  // Order does not matter.
+  EXPECT_LE(max_rel_error(merge_attention(c, a).out, full.out), 1e-5);
+  // bf16 partials merged into a float32 accumulator.
+  auto ab = attention(q.to(at::kBFloat16), k.narrow(1, 0, 5).to(at::kBFloat16),
+                      v.narrow(1, 0, 5).to(at::kBFloat16));
+  auto cb = attention(q.to(at::kBFloat16), k.narrow(1, 5, sk - 5).to(at::kBFloat16),
+                      v.narrow(1, 5, sk - 5).to(at::kBFloat16));
+  auto mb = merge_attention(ab, cb, at::kFloat);
+  EXPECT_EQ(mb.out.scalar_type(), at::kFloat);
+  EXPECT_LE(max_rel_error(mb.out, full.out), 3e-2);
+}
+
+TEST(Attention, MergeWithMaskedHalves) {
+  at::manual_seed(10);
+  const int64_t b = 2, sq = 4, sk = 8, h = 2, d = 4;
+  auto q = at::randn({b, sq, h, d}), k = at::randn({b, sk, h, d}), v = at::randn({b, sk, h, d});
+  auto mask = at::ones({b, sk}, at::kBool);
+  mask[0].narrow(0, 0, 4).fill_(false);  // batch 0: first half fully masked
+  mask[1].fill_(false);                  // batch 1: everything masked
+  AttentionOptions full_opts;
+  full_opts.mask = mask;
+  auto full = attention(q, k, v, full_opts);
+  AttentionOptions o1, o2;
+  o1.mask = mask.narrow(1, 0, 4).contiguous();
+  o2.mask = mask.narrow(1, 4, 4).contiguous();
+  auto a = attention(q, k.narrow(1, 0, 4), v.narrow(1, 0, 4), o1);
+  auto c = attention(q, k.narrow(1, 4, 4), v.narrow(1, 4, 4), o2);
+  auto m = merge_attention(a, c);
+  EXPECT_FALSE(at::isnan(m.out).any().item<bool>());
+  EXPECT_LE(max_rel_error(m.out, full.out), 1e-5);
+  EXPECT_TRUE(at::equal(at::isfinite(m.lse), at::isfinite(full.lse)));
+  EXPECT_EQ(m.out[1].abs().max().item<float>(), 0.0f);
+}
+
+TEST(Attention, EmptyKeySetGivesZeroAndMinusInf) {
+  auto q = at::randn({1, 3, 2, 4});
+  auto r = attention(q, at::randn({1, 0, 2, 4}), at::randn({1, 0, 2, 4}));
+  EXPECT_EQ(r.out.abs().max().item<float>(), 0.0f);
+  EXPECT_TRUE(at::all(r.lse == -std::numeric_limits<float>::infinity()).item<bool>());
+}
+
+TEST(Attention, ShapeErrorsNameTheTensors) {
+  auto q = at::randn({1, 3, 2, 4});
+  auto expect_error = [](auto fn, const std::string& needle) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected one mentioning " << needle;
+    } catch (const xfuser::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { attention(q, at::randn({1, 3, 2, 5}), at::randn({1, 3, 2, 5})); }, "head dim");
+  expect_error(
+      [&] {
+        attention(q, at::randn({1, 3, 4, 4}), at::randn({1, 3, 4, 4}));
+      },
+      "head counts");
+  expect_error([&] { attention(q, at::randn({1, 3, 2, 4}), at::randn({1, 5, 2, 4})); }, "keys");
+  expect_error([&] { attention(q.view({1, 3, 8}), q, q); }, "[B, S, H, D]");
+  AttentionOptions opts;
+  opts.mask = at::ones({1, 4}, at::kBool);
+  expect_error([&] { attention(q, q, q, opts); }, "key mask");
+  opts.mask = at::ones({1, 3}, at::kFloat);
+  expect_error([&] { attention(q, q, q, opts); }, "boolean");
+}
+
+}  // namespace
