@@ -14,7 +14,7 @@ PACKAGES=(
   # libraries the code uses
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libpng-dev
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
-  libsentencepiece-dev sentencepiece
+  libsentencepiece-dev sentencepiece libicu-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
 )
