@@ -1,7 +1,67 @@
-// `xfuser-run`: the runner. PLACEHOLDER until the pipeline lands.
+// `xfuser-run`: generate images with a registered model, on one rank or under mpirun.
+// Flags follow xDiT's runner (see `xfuser-run --help` and README.md).
 #include <iostream>
 
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "backends/error.h"
+#include "backends/logging.h"
+#include "backends/threads.h"
+#include "models/registry.h"
+#include "parallel/mpi_env.h"
+#include "runner/run_config.h"
+#include "runner/runner.h"
+
 int main(int argc, char** argv) {
-  std::cerr << "xfuser-run: the generation pipeline is not built yet" << std::endl;
-  return 1;
+  using namespace xfuser;
+  runner::RunConfig config;
+  CLI::App app{"xfuser-run: parallel diffusion-transformer inference (xDiT's runner, natively)"};
+  runner::add_run_flags(app, config);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  int world_size = 1;
+  try {
+    parallel::MpiEnvironment mpi(&argc, &argv);
+    world_size = mpi.size();
+    init_logging(mpi.rank(), config.log_level);
+    auto unsupported = runner::unsupported_flags_used(app);
+    XF_CHECK(unsupported.empty(), unsupported.front(), " is not supported yet");
+    // Parallel degrees must multiply to the world size; this build runs one rank.
+    const int product = config.ulysses_degree * config.ring_degree *
+                        config.pipefusion_parallel_degree * config.tensor_parallel_degree *
+                        config.data_parallel_degree * (config.use_cfg_parallel ? 2 : 1);
+    XF_CHECK(product == world_size, "the parallel degrees multiply to ", product, " (ulysses ",
+             config.ulysses_degree, " x ring ", config.ring_degree, " x pipefusion ",
+             config.pipefusion_parallel_degree, " x tensor ", config.tensor_parallel_degree,
+             " x data ", config.data_parallel_degree, " x cfg ", config.use_cfg_parallel ? 2 : 1,
+             ") but mpirun started ", world_size, " ranks");
+    const int threads = configure_threads(mpi.local_size());
+
+    runner::Runner runner(config);
+    auto args = runner.preprocess_args();
+    if (mpi.rank() == 0) {
+      spdlog::info("model {} | {}x{} | {} steps | guidance {} | seed {} | dtype {} | {} thread(s)",
+                   args.spec->id, args.request.height, args.request.width,
+                   args.request.num_inference_steps, args.request.guidance_scale, args.config.seed,
+                   args.config.dtype, threads);
+    }
+    runner.initialize(args);
+    auto result = runner.run(args);
+    for (const auto& path : runner.save(args, result)) spdlog::info("wrote {}", path.string());
+    runner.cleanup();
+  } catch (const xfuser::Error& e) {
+    spdlog::error("{}", e.what());
+    if (world_size > 1) parallel::MpiEnvironment::abort(1);
+    return 1;
+  } catch (const std::exception& e) {
+    spdlog::error("unexpected error: {}", e.what());
+    if (world_size > 1) parallel::MpiEnvironment::abort(1);
+    return 1;
+  }
+  return 0;
 }

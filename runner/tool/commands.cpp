@@ -4,6 +4,10 @@
 
 namespace xfuser::runner::tool {
 
-void register_commands(CLI::App& app) { register_forward(app); }
+void register_commands(CLI::App& app) {
+  register_forward(app);
+  register_tokenize(app);
+  register_make_tiny(app);
+}
 
 }  // namespace xfuser::runner::tool

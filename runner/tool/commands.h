@@ -12,5 +12,7 @@ void register_commands(CLI::App& app);
 
 // Individual commands (one file each under runner/tool/).
 void register_forward(CLI::App& app);
+void register_make_tiny(CLI::App& app);
+void register_tokenize(CLI::App& app);
 
 }  // namespace xfuser::runner::tool

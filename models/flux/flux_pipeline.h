@@ -1,0 +1,77 @@
+// FluxPipeline (FLUX.1-dev and the embedded tiny-flux) on the xFuserModel base, with diffusers
+// v0.33.1 FluxPipeline semantics (../shared/reference/model-architectures.md section 1):
+// CLIP pooled + T5 text embeddings, seeded noise packed 2x2 into tokens, img/txt ids, sigmas
+// linspace(1, 1/n, n) with the dynamic shift mu from the image token count, distilled guidance
+// embedding, optional true CFG, unpack, VAE decode with FLUX's scaling/shift factors.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "models/registry.h"
+#include "models/xfuser_model.h"
+
+namespace xfuser::models {
+class Component;
+namespace tokenizers {
+class Tokenizer;
+}
+namespace schedulers {
+class FlowMatchEulerDiscreteScheduler;
+}
+namespace vae {
+class AutoencoderKL;
+}
+}  // namespace xfuser::models
+
+namespace xfuser::models::flux {
+
+class FluxTransformer2DModel;
+
+class FluxModel : public XFuserModel {
+ public:
+  explicit FluxModel(const ModelSpec& spec);
+  ~FluxModel() override;
+
+  FluxTransformer2DModel& transformer() { return *transformer_; }
+  // 2 ** (len(vae.block_out_channels) - 1), as diffusers computes it.
+  int vae_scale_factor() const { return vae_scale_factor_; }
+
+  // Packing as diffusers' FluxPipeline: [B, C, h, w] -> [B, (h/2)(w/2), 4C] and back.
+  static at::Tensor pack_latents(const at::Tensor& latents);
+  static at::Tensor unpack_latents(const at::Tensor& packed, int64_t latent_h, int64_t latent_w);
+  // [(h/2)(w/2), 3] float ids (0, row, col), row-major.
+  static at::Tensor latent_image_ids(int64_t half_h, int64_t half_w, c10::ScalarType dtype);
+
+ protected:
+  void load_components(const std::filesystem::path& dir, const ModelLoadOptions& options) override;
+  std::unique_ptr<State> begin(const GenerationRequest& request) override;
+  void encode_prompt(State& state) override;
+  void prepare_latents(State& state) override;
+  int num_steps(const State& state) const override;
+  void denoise_step(State& state, int index) override;
+  void decode(State& state) override;
+
+ private:
+  struct FluxState;
+  // (T5 last_hidden_state [B, L, 4096], CLIP pooled [B, 768]) for `prompts`.
+  std::pair<at::Tensor, at::Tensor> embed_prompts(const std::vector<std::string>& prompts,
+                                                  int max_sequence_length) const;
+
+  c10::ScalarType dtype_ = c10::kFloat;
+  int vae_scale_factor_ = 8;
+  std::shared_ptr<FluxTransformer2DModel> transformer_;
+  std::shared_ptr<Component> text_encoder_;    // CLIPTextModel
+  std::shared_ptr<Component> text_encoder_2_;  // T5EncoderModel
+  std::shared_ptr<vae::AutoencoderKL> vae_;
+  std::unique_ptr<tokenizers::Tokenizer> tokenizer_;
+  std::unique_ptr<tokenizers::Tokenizer> tokenizer_2_;
+  std::filesystem::path scheduler_config_;
+  int tokenizer_max_length_ = 77;
+};
+
+// The registry entries of this family: FLUX.1-dev and tiny-flux.
+std::vector<ModelSpec> model_specs();
+
+}  // namespace xfuser::models::flux

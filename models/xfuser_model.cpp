@@ -1,0 +1,72 @@
+#include "models/xfuser_model.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "backends/error.h"
+#include "models/registry.h"
+
+namespace xfuser::models {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+template <typename F>
+double timed(F&& f) {
+  auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+XFuserModel::XFuserModel(const ModelSpec& spec) : spec_(spec) {}
+XFuserModel::~XFuserModel() = default;
+
+void XFuserModel::load(const std::filesystem::path& pipeline_dir, const ModelLoadOptions& options) {
+  XF_CONTEXT("loading ", spec_.id, " from ", pipeline_dir.string());
+  c10::InferenceMode guard;
+  load_components(pipeline_dir, options);
+  load_options_ = options;
+  loaded_ = true;
+}
+
+GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
+  XF_CHECK(loaded_, spec_.id, ": generate() called before load()");
+  XF_CHECK(!request.prompts.empty(), spec_.id, ": no prompt given");
+  XF_CHECK(request.seeds.size() == request.prompts.size(), spec_.id, ": ", request.seeds.size(),
+           " seeds for ", request.prompts.size(), " prompts");
+  XF_CHECK(
+      request.negative_prompts.empty() || request.negative_prompts.size() == request.prompts.size(),
+      spec_.id, ": ", request.negative_prompts.size(), " negative prompts for ",
+      request.prompts.size(), " prompts (give none, or one per prompt)");
+  c10::InferenceMode guard;
+  GenerationOutput out;
+  auto t0 = Clock::now();
+  std::unique_ptr<State> state = begin(request);
+  {
+    XF_CONTEXT("encoding the prompt");
+    out.timings.push_back({"encode_prompt", -1, timed([&] { encode_prompt(*state); })});
+  }
+  {
+    XF_CONTEXT("preparing latents");
+    out.timings.push_back({"prepare_latents", -1, timed([&] { prepare_latents(*state); })});
+  }
+  const int steps = num_steps(*state);
+  for (int i = 0; i < steps; ++i) {
+    XF_CONTEXT("denoising step ", i + 1, "/", steps);
+    out.timings.push_back({"denoise_step", i, timed([&] { denoise_step(*state, i); })});
+    if (step_callback_) step_callback_(i + 1, steps);
+  }
+  {
+    XF_CONTEXT("decoding");
+    out.timings.push_back({"decode", -1, timed([&] { decode(*state); })});
+  }
+  XF_CHECK(state->images.defined() && state->images.dim() == 4, spec_.id,
+           ": decode() produced no images");
+  out.images = state->images;
+  out.total_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace xfuser::models

@@ -1,0 +1,109 @@
+// xFuserModel: the base every pipeline (FLUX.1, ...) derives from. The base owns loading,
+// warm-up, timing of every stage and step, and the step loop; a model implements its stages.
+//
+//   load(folder, options)            model-specific load_components()
+//   generate(request):
+//     state = begin(request)
+//     encode_prompt(state)           "encode_prompt"
+//     prepare_latents(state)         "prepare_latents"
+//     for i < num_steps(state):      "denoise_step"  (one timing per step)
+//       denoise_step(state, i)
+//     decode(state)                  "decode"
+//     -> images [B, H, W, 3] uint8 and the stage timings
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+namespace xfuser::models {
+
+struct ModelSpec;
+
+// Fully resolved inputs of one generation (model defaults already applied).
+struct GenerationRequest {
+  std::vector<std::string> prompts;           // batch B >= 1
+  std::vector<std::string> negative_prompts;  // empty, or one per prompt
+  int height = 0;
+  int width = 0;
+  int num_inference_steps = 0;
+  double guidance_scale = 0.0;
+  double true_cfg_scale = 1.0;
+  int max_sequence_length = 0;
+  std::vector<int64_t> seeds;  // one per prompt
+};
+
+struct StageTiming {
+  std::string name;  // encode_prompt, prepare_latents, denoise_step, decode
+  int index = -1;    // step index for denoise_step, else -1
+  double seconds = 0.0;
+};
+
+struct GenerationOutput {
+  at::Tensor images;  // uint8 [B, H, W, 3]
+  std::vector<StageTiming> timings;
+  double total_seconds = 0.0;
+};
+
+struct ModelLoadOptions {
+  c10::ScalarType dtype = c10::kFloat;  // compute dtype of the transformer and text encoders
+  bool enable_tiling = false;
+  bool enable_slicing = false;
+};
+
+class XFuserModel {
+ public:
+  explicit XFuserModel(const ModelSpec& spec);
+  virtual ~XFuserModel();
+  XFuserModel(const XFuserModel&) = delete;
+  XFuserModel& operator=(const XFuserModel&) = delete;
+
+  const ModelSpec& spec() const { return spec_; }
+
+  // Loads every component from a diffusers pipeline folder (model_index.json).
+  void load(const std::filesystem::path& pipeline_dir, const ModelLoadOptions& options);
+  bool loaded() const { return loaded_; }
+  const ModelLoadOptions& load_options() const { return load_options_; }
+
+  // Runs the stages in order, timing each; the request must be fully resolved.
+  GenerationOutput generate(const GenerationRequest& request);
+
+  // Called after every denoising step (progress display, cancellation): (step, total).
+  void set_step_callback(std::function<void(int, int)> callback) {
+    step_callback_ = std::move(callback);
+  }
+
+ protected:
+  // Per-generation state a model extends with its tensors.
+  struct State {
+    virtual ~State() = default;
+    GenerationRequest request;
+    at::Tensor images;  // uint8 [B, H, W, 3], set by decode()
+  };
+
+  virtual void load_components(const std::filesystem::path& pipeline_dir,
+                               const ModelLoadOptions& options) = 0;
+  // Checks the request against the model (sizes, batch) and creates the state.
+  virtual std::unique_ptr<State> begin(const GenerationRequest& request) = 0;
+  virtual void encode_prompt(State& state) = 0;
+  virtual void prepare_latents(State& state) = 0;
+  virtual int num_steps(const State& state) const = 0;
+  virtual void denoise_step(State& state, int index) = 0;
+  virtual void decode(State& state) = 0;
+
+ private:
+  const ModelSpec& spec_;
+  bool loaded_ = false;
+  ModelLoadOptions load_options_;
+  std::function<void(int, int)> step_callback_;
+};
+
+}  // namespace xfuser::models

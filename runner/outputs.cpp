@@ -1,0 +1,186 @@
+#include "runner/outputs.h"
+
+#include <fcntl.h>
+#include <png.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include <ATen/ATen.h>
+
+#include "backends/error.h"
+
+namespace xfuser::runner {
+namespace fs = std::filesystem;
+
+void write_file_atomic(const fs::path& path, const std::string& bytes) {
+  XF_CONTEXT("writing ", path.string());
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  std::random_device rd;
+  const fs::path tmp = dir / ("." + path.filename().string() + ".tmp" + std::to_string(rd()));
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  XF_CHECK(fd >= 0, "cannot create ", tmp.string(), ": ", std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      XF_THROW("write to ", tmp.string(), " failed: ", std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    XF_THROW("flushing ", tmp.string(), " failed: ", std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    XF_THROW("renaming ", tmp.string(), " to ", path.string(), " failed: ", std::strerror(err));
+  }
+}
+
+namespace {
+
+void png_write_to_string(png_structp png, png_bytep data, png_size_t length) {
+  auto* out = static_cast<std::string*>(png_get_io_ptr(png));
+  out->append(reinterpret_cast<const char*>(data), length);
+}
+
+void png_error_throw(png_structp, png_const_charp msg) { throw std::runtime_error(msg); }
+void png_warning_ignore(png_structp, png_const_charp) {}
+
+}  // namespace
+
+std::string encode_png(const at::Tensor& image, const std::map<std::string, std::string>& text) {
+  XF_CHECK(image.dim() == 3 && (image.size(2) == 3 || image.size(2) == 1) &&
+               image.scalar_type() == at::kByte,
+           "encode_png expects a uint8 image [H, W, 3] or [H, W, 1], got ", image.sizes(), " ",
+           image.scalar_type());
+  XF_CHECK(image.size(0) > 0 && image.size(1) > 0, "encode_png: empty image ", image.sizes());
+  at::Tensor img = image.contiguous();
+  const auto h = static_cast<png_uint_32>(img.size(0));
+  const auto w = static_cast<png_uint_32>(img.size(1));
+  const int channels = static_cast<int>(img.size(2));
+  for (const auto& [key, value] : text) {
+    XF_CHECK(!key.empty() && key.size() < 80, "PNG text keyword '", key, "' must be 1-79 chars");
+  }
+
+  std::string out;
+  png_structp png =
+      png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, png_error_throw, png_warning_ignore);
+  XF_CHECK(png != nullptr, "png_create_write_struct failed");
+  png_infop info = png_create_info_struct(png);
+  std::vector<png_text> chunks;
+  chunks.reserve(text.size());
+  try {
+    XF_CHECK(info != nullptr, "png_create_info_struct failed");
+    png_set_write_fn(png, &out, png_write_to_string, nullptr);
+    png_set_IHDR(png, info, w, h, 8, channels == 3 ? PNG_COLOR_TYPE_RGB : PNG_COLOR_TYPE_GRAY,
+                 PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    for (const auto& [key, value] : text) {
+      png_text t{};
+      t.compression = PNG_TEXT_COMPRESSION_NONE;
+      t.key = const_cast<char*>(key.c_str());
+      t.text = const_cast<char*>(value.c_str());
+      t.text_length = value.size();
+      chunks.push_back(t);
+    }
+    if (!chunks.empty()) png_set_text(png, info, chunks.data(), static_cast<int>(chunks.size()));
+    png_write_info(png, info);
+    const uint8_t* base = img.data_ptr<uint8_t>();
+    for (png_uint_32 y = 0; y < h; ++y) {
+      png_write_row(png, const_cast<png_bytep>(base + static_cast<size_t>(y) * w * channels));
+    }
+    png_write_end(png, nullptr);
+  } catch (const std::runtime_error& e) {
+    png_destroy_write_struct(&png, &info);
+    if (dynamic_cast<const xfuser::Error*>(&e)) throw;
+    XF_THROW("PNG encoding failed: ", e.what());
+  }
+  png_destroy_write_struct(&png, &info);
+  return out;
+}
+
+void write_png(const fs::path& path, const at::Tensor& image,
+               const std::map<std::string, std::string>& text) {
+  write_file_atomic(path, encode_png(image, text));
+}
+
+at::Tensor read_png(const fs::path& path, std::map<std::string, std::string>* text) {
+  XF_CONTEXT("reading PNG ", path.string());
+  FILE* fp = std::fopen(path.c_str(), "rb");
+  XF_CHECK(fp != nullptr, "cannot open ", path.string(), ": ", std::strerror(errno));
+  png_structp png =
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, nullptr, png_error_throw, png_warning_ignore);
+  png_infop info = png ? png_create_info_struct(png) : nullptr;
+  at::Tensor result;
+  try {
+    XF_CHECK(png && info, "libpng initialisation failed");
+    png_init_io(png, fp);
+    png_read_info(png, info);
+    png_set_strip_16(png);
+    png_set_packing(png);
+    if (png_get_color_type(png, info) == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+    if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
+    png_read_update_info(png, info);
+    const int64_t h = png_get_image_height(png, info);
+    const int64_t w = png_get_image_width(png, info);
+    const int64_t c = png_get_channels(png, info);
+    result = at::empty({h, w, c}, at::kByte);
+    std::vector<png_bytep> rows(h);
+    for (int64_t y = 0; y < h; ++y) rows[y] = result.data_ptr<uint8_t>() + y * w * c;
+    png_read_image(png, rows.data());
+    png_read_end(png, info);
+    if (text) {
+      png_textp chunks = nullptr;
+      int n = png_get_text(png, info, &chunks, nullptr);
+      for (int i = 0; i < n; ++i) (*text)[chunks[i].key] = std::string(chunks[i].text);
+    }
+  } catch (const std::runtime_error& e) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    std::fclose(fp);
+    if (dynamic_cast<const xfuser::Error*>(&e)) throw;
+    XF_THROW("not a valid PNG file ", path.string(), ": ", e.what());
+  }
+  png_destroy_read_struct(&png, &info, nullptr);
+  std::fclose(fp);
+  return result;
+}
+
+at::Tensor to_uint8_images(const at::Tensor& images) {
+  XF_CHECK(images.dim() == 4 && images.size(1) == 3, "expected decoded images [B, 3, H, W], got ",
+           images.sizes());
+  at::Tensor x = (images.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
+  // numpy's (x * 255).round() rounds half to even, as does at::round.
+  return (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
+}
+
+std::string output_file_name(const std::string& name, int ulysses, int ring, bool compiled,
+                             int height, int width, int64_t index, const std::string& ext) {
+  return name + "_u" + std::to_string(ulysses) + "r" + std::to_string(ring) + "_tc_" +
+         (compiled ? "True" : "False") + "_" + std::to_string(height) + "x" +
+         std::to_string(width) + "_" + std::to_string(index) + "." + ext;
+}
+
+void ensure_writable_directory(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) {
+    fs::create_directories(dir, ec);
+    XF_CHECK(!ec, "--output_directory ", dir.string(),
+             " does not exist and cannot be created: ", ec.message());
+  }
+  XF_CHECK(fs::is_directory(dir, ec), "--output_directory ", dir.string(), " is not a folder");
+  XF_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "--output_directory ", dir.string(),
+           " is not writable: ", std::strerror(errno));
+}
+
+}  // namespace xfuser::runner

@@ -1,0 +1,44 @@
+// Output files: PNG images with generation parameters as text chunks, JSON files, xDiT's
+// output naming. Every file is written to a temporary name in the same folder and renamed when
+// complete, so an interrupted run never leaves a partial file under the final name.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace at {
+class Tensor;
+}
+
+namespace xfuser::runner {
+
+// Writes `bytes` to `path` atomically (temp file in the same folder, fsync, rename).
+void write_file_atomic(const std::filesystem::path& path, const std::string& bytes);
+
+// Encodes an image as PNG. `image` is uint8 [H, W, 3] (RGB) or [H, W, 1] (gray), contiguous.
+// `text` becomes tEXt chunks (keyword -> value; keywords 1-79 Latin-1 characters).
+std::string encode_png(const at::Tensor& image, const std::map<std::string, std::string>& text);
+
+// encode_png + write_file_atomic.
+void write_png(const std::filesystem::path& path, const at::Tensor& image,
+               const std::map<std::string, std::string>& text = {});
+
+// Decodes a PNG file to uint8 [H, W, C] (C = 1, 3 or 4) and its text chunks (tests, img2img).
+at::Tensor read_png(const std::filesystem::path& path,
+                    std::map<std::string, std::string>* text = nullptr);
+
+// Converts a decoded image batch in [-1, 1], float [B, 3, H, W], to uint8 [B, H, W, 3] the way
+// diffusers' image processor does: (x / 2 + 0.5).clamp(0, 1), * 255, round half to even.
+at::Tensor to_uint8_images(const at::Tensor& images);
+
+// xDiT's output name: {name}_u{U}r{R}_tc_{True|False}_{H}x{W}_{index}.{ext}
+std::string output_file_name(const std::string& name, int ulysses, int ring, bool compiled,
+                             int height, int width, int64_t index, const std::string& ext);
+
+// Checks that `dir` exists (creating it if needed) and is writable; error names the folder.
+void ensure_writable_directory(const std::filesystem::path& dir);
+
+}  // namespace xfuser::runner

@@ -1,0 +1,69 @@
+// xfuser::Runner: the life cycle of xfuser-run, usable from C++ (../shared/seeds/
+// xdit-unified-runner.md "Programmatic Usage"):
+//
+//   xfuser::runner::Runner runner(config);
+//   auto args = runner.preprocess_args();   // model defaults applied, flags checked
+//   runner.initialize(args);                // weights found and loaded
+//   auto result = runner.run(args);         // warm-up calls, then timed iterations
+//   runner.save(result);                    // images + timings.json
+//   runner.cleanup();
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "models/xfuser_model.h"
+#include "runner/run_config.h"
+
+namespace xfuser::models {
+struct ModelSpec;
+}
+
+namespace xfuser::runner {
+
+// The effective arguments of a run: the flags with the model's defaults applied.
+struct ResolvedArgs {
+  RunConfig config;                         // every optional filled in
+  const models::ModelSpec* spec = nullptr;  // the registry entry
+  models::GenerationRequest request;
+  c10::ScalarType dtype = c10::kFloat;
+};
+
+struct RunResult {
+  at::Tensor images;                      // uint8 [B, H, W, 3] of the last timed iteration
+  std::vector<double> iteration_seconds;  // one per timed iteration (timings.json)
+  std::vector<models::GenerationOutput> iterations;  // stage timings per timed iteration
+};
+
+class Runner {
+ public:
+  explicit Runner(RunConfig config);
+  ~Runner();
+
+  // Resolves the model, applies its defaults, and checks every flag against its capabilities:
+  // an unsupported flag is an error naming the flag and the model. Touches no file.
+  ResolvedArgs preprocess_args() const;
+  // Finds the weights (--model_path, the embedded tiny model, or the Hugging Face cache), checks
+  // the output folder, and loads the model.
+  void initialize(const ResolvedArgs& args);
+  // warmup_calls untimed generations, then num_iterations timed ones.
+  RunResult run(const ResolvedArgs& args);
+  // Writes the images (xDiT's names, parameters as PNG text) and timings.json, atomically.
+  std::vector<std::filesystem::path> save(const ResolvedArgs& args, const RunResult& result);
+  void cleanup();
+
+  // The pipeline folder initialize() loaded from.
+  const std::filesystem::path& model_dir() const { return model_dir_; }
+
+ private:
+  RunConfig config_;
+  std::unique_ptr<models::XFuserModel> model_;
+  std::filesystem::path model_dir_;
+};
+
+// The default compute dtype on this host: bf16 when the CPU has AVX512-BF16 (about 2x the fp32
+// matmul rate through oneDNN), else fp32.
+c10::ScalarType default_cpu_dtype();
+
+}  // namespace xfuser::runner

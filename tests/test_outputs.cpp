@@ -1,0 +1,104 @@
+#include <unistd.h>
+
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "backends/error.h"
+#include "runner/outputs.h"
+#include "tests/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace xfuser::runner;
+
+TEST(Outputs, PngRoundTripKeepsPixelsAndText) {
+  xfuser::testing::TempDir dir;
+  at::Tensor img = at::randint(0, 256, {17, 23, 3}, at::kByte);
+  std::map<std::string, std::string> text = {{"prompt", "a cat, \"quoted\""}, {"seed", "42"}};
+  write_png(dir / "a.png", img, text);
+  std::map<std::string, std::string> back_text;
+  at::Tensor back = read_png(dir / "a.png", &back_text);
+  EXPECT_TRUE(at::equal(back, img));
+  EXPECT_EQ(back_text, text);
+  // Same input, same bytes.
+  EXPECT_EQ(encode_png(img, text), encode_png(img, text));
+}
+
+TEST(Outputs, GrayscaleAndBadShapes) {
+  at::Tensor gray = at::randint(0, 256, {4, 5, 1}, at::kByte);
+  EXPECT_FALSE(encode_png(gray, {}).empty());
+  try {
+    encode_png(at::zeros({4, 5, 3}, at::kFloat), {});
+    FAIL();
+  } catch (const xfuser::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("uint8 image [H, W, 3]"), std::string::npos);
+  }
+}
+
+TEST(Outputs, AtomicWriteLeavesNoTemporaryFiles) {
+  xfuser::testing::TempDir dir;
+  write_file_atomic(dir / "t.json", "[1.5]");
+  write_file_atomic(dir / "t.json", "[2.5]");
+  std::ifstream in(dir / "t.json");
+  std::string s((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(s, "[2.5]");
+  int files = 0;
+  for (auto& e : fs::directory_iterator(dir.path())) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST(Outputs, UnwritableDirectoryIsNamed) {
+  if (geteuid() == 0) {
+    // root bypasses permission bits; a path under a regular file can never be a folder.
+    xfuser::testing::TempDir dir;
+    write_file_atomic(dir / "file", "x");
+    try {
+      ensure_writable_directory(dir / "file" / "sub");
+      FAIL();
+    } catch (const xfuser::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--output_directory"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("file/sub"), std::string::npos);
+    }
+    return;
+  }
+  xfuser::testing::TempDir dir;
+  fs::create_directory(dir / "ro");
+  chmod((dir / "ro").c_str(), 0555);
+  EXPECT_THROW(ensure_writable_directory(dir / "ro"), xfuser::Error);
+}
+
+TEST(Outputs, CreatesMissingOutputDirectory) {
+  xfuser::testing::TempDir dir;
+  ensure_writable_directory(dir / "a" / "b");
+  EXPECT_TRUE(fs::is_directory(dir / "a" / "b"));
+}
+
+TEST(Outputs, XditFileNames) {
+  EXPECT_EQ(output_file_name("FLUX.1-dev", 4, 2, false, 1024, 768, 0, "png"),
+            "FLUX.1-dev_u4r2_tc_False_1024x768_0.png");
+  EXPECT_EQ(output_file_name("tiny-flux", 1, 1, true, 256, 256, 12, "png"),
+            "tiny-flux_u1r1_tc_True_256x256_12.png");
+}
+
+TEST(Outputs, Uint8ConversionMatchesDiffusersPostprocess) {
+  // x in [-1, 1] -> (x/2+0.5).clamp(0,1)*255, rounded half to even.
+  at::Tensor x = at::tensor({-2.0f, -1.0f, 0.0f, 1.0f, 3.0f, 1.0f / 255.0f}).view({1, 3, 1, 2});
+  at::Tensor u = to_uint8_images(x);
+  ASSERT_EQ(u.sizes(), (std::vector<int64_t>{1, 1, 2, 3}));
+  // channels-last: pixel 0 = (c0, c1, c2) = (-2, 0, 3), pixel 1 = (-1, 1, 1/255)
+  EXPECT_EQ(u[0][0][0][0].item<uint8_t>(), 0);
+  EXPECT_EQ(u[0][0][0][1].item<uint8_t>(), 128);  // 127.5 -> 128 (half to even)
+  EXPECT_EQ(u[0][0][0][2].item<uint8_t>(), 255);
+  EXPECT_EQ(u[0][0][1][0].item<uint8_t>(), 0);
+  EXPECT_EQ(u[0][0][1][1].item<uint8_t>(), 255);
+  EXPECT_EQ(u[0][0][1][2].item<uint8_t>(), 128);  // (1/255/2 + 0.5)*255 = 128.0
+}
+
+}  // namespace

@@ -1,0 +1,150 @@
+// xfuser-run end to end on the embedded tiny model: files, naming, determinism, bad inputs.
+#include <fstream>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "runner/outputs.h"
+#include "tests/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+class XfuserRun : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { cache_ = new xfuser::testing::TempDir("xfuser-run-cache"); }
+  static void TearDownTestSuite() {
+    delete cache_;
+    cache_ = nullptr;
+  }
+  // Runs xfuser-run with the tiny model cache in a temp folder; returns the exit code.
+  static int run(const std::string& args, std::string* out = nullptr) {
+    std::string cmd = "XFUSER_CACHE=" + cache_->path().string() + " " +
+                      (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string() + " " + args;
+    std::string local;
+    int code = xfuser::testing::run_command(cmd, out ? out : &local);
+    return code;
+  }
+  static std::string read(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  static xfuser::testing::TempDir* cache_;
+};
+xfuser::testing::TempDir* XfuserRun::cache_ = nullptr;
+
+const char* kBase =
+    "--model tiny-flux --prompt 'a cat in the garden' --height 256 --width 256 "
+    "--num_inference_steps 4 --dtype fp32";
+
+TEST_F(XfuserRun, WritesAPngAndTimingsAndIsDeterministic) {
+  xfuser::testing::TempDir out1, out2, out3;
+  std::string log;
+  ASSERT_EQ(run(std::string(kBase) + " --output_directory " + out1.path().string(), &log), 0)
+      << log;
+  const std::string name = "tiny-flux_u1r1_tc_False_256x256_0.png";
+  ASSERT_TRUE(fs::exists(out1 / name)) << log;
+  std::map<std::string, std::string> text;
+  at::Tensor img = xfuser::runner::read_png(out1 / name, &text);
+  EXPECT_EQ(img.sizes(), (std::vector<int64_t>{256, 256, 3}));
+  EXPECT_EQ(text["prompt"], "a cat in the garden");
+  EXPECT_EQ(text["seed"], "42");
+  EXPECT_EQ(text["num_inference_steps"], "4");
+  EXPECT_EQ(text["model"], "tiny-flux");
+  auto timings = nlohmann::json::parse(read(out1 / "timings.json"));
+  ASSERT_TRUE(timings.is_array());
+  ASSERT_EQ(timings.size(), 1u);
+  EXPECT_GT(timings[0].get<double>(), 0.0);
+
+  ASSERT_EQ(run(std::string(kBase) + " --output_directory " + out2.path().string(), &log), 0)
+      << log;
+  EXPECT_EQ(read(out1 / name), read(out2 / name));
+
+  ASSERT_EQ(run(std::string(kBase) + " --seed 43 --output_directory " + out3.path().string(), &log),
+            0)
+      << log;
+  EXPECT_NE(read(out1 / name), read(out3 / name));
+}
+
+TEST_F(XfuserRun, NegativePromptWithTrueCfgChangesTheImage) {
+  xfuser::testing::TempDir a, b;
+  std::string log;
+  ASSERT_EQ(run(std::string(kBase) + " --output_directory " + a.path().string(), &log), 0) << log;
+  ASSERT_EQ(run(std::string(kBase) + " --negative_prompt 'blurry' --true_cfg_scale 4 " +
+                    "--output_directory " + b.path().string(),
+                &log),
+            0)
+      << log;
+  const std::string name = "tiny-flux_u1r1_tc_False_256x256_0.png";
+  EXPECT_NE(read(a / name), read(b / name));
+}
+
+TEST_F(XfuserRun, IterationsGiveOneTimingEach) {
+  xfuser::testing::TempDir out;
+  std::string log;
+  ASSERT_EQ(run("--model tiny-flux --prompt x --height 64 --width 64 --num_inference_steps 2 "
+                "--num_iterations 3 --warmup_calls 1 --output_directory " +
+                    out.path().string(),
+                &log),
+            0)
+      << log;
+  auto timings = nlohmann::json::parse(read(out / "timings.json"));
+  EXPECT_EQ(timings.size(), 3u);
+}
+
+struct BadCase {
+  std::string args;
+  std::string expected;
+};
+
+TEST_F(XfuserRun, BadInputsFailBeforeComputeWithANamedError) {
+  xfuser::testing::TempDir out;
+  const std::string o = " --output_directory " + out.path().string();
+  std::vector<BadCase> cases = {
+      {"--model tiny-flux --prompt x --height 250" + o,
+       "--height must be a positive multiple of 16 (got 250)"},
+      {"--model tiny-flux --prompt x --num_inference_steps 0" + o,
+       "--num_inference_steps must be >= 1 (got 0)"},
+      {"--model no-such-model --prompt x" + o, "unknown model 'no-such-model'"},
+      {"--model tiny-flux --model_path /nonexistent/flux --prompt x" + o,
+       "model folder /nonexistent/flux does not exist"},
+      {"--model tiny-flux --prompt x --output_directory /proc/xfuser-out",
+       "--output_directory /proc/xfuser-out"},
+      {"--model tiny-flux --prompt x --use_fsdp" + o, "--use_fsdp is not supported yet"},
+      {"--model tiny-flux --prompt x --ulysses_degree 2" + o, "the parallel degrees multiply to 2"},
+      {"--model tiny-flux" + o, "--prompt is required"},
+      {"--model tiny-flux --prompt x --guidance_scale inf" + o,
+       "--guidance_scale must be a finite number"},
+  };
+  for (const auto& c : cases) {
+    std::string log;
+    int code = run(c.args, &log);
+    EXPECT_NE(code, 0) << c.args;
+    EXPECT_NE(log.find(c.expected), std::string::npos) << c.args << "\n" << log;
+  }
+  EXPECT_TRUE(fs::is_empty(out.path()));
+}
+
+TEST_F(XfuserRun, MissingTokenizerFileIsNamed) {
+  xfuser::testing::TempDir dir, out;
+  std::string log;
+  ASSERT_EQ(
+      xfuser::testing::run_command((xfuser::testing::binary_dir() / "bin" / "xfuser").string() +
+                                       " make-tiny --arch flux --out " + (dir / "pipe").string(),
+                                   &log),
+      0)
+      << log;
+  fs::remove(dir / "pipe" / "tokenizer" / "merges.txt");
+  int code = run("--model tiny-flux --model_path " + (dir / "pipe").string() +
+                     " --prompt x --output_directory " + out.path().string(),
+                 &log);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(log.find("merges.txt"), std::string::npos) << log;
+}
+
+}  // namespace
