@@ -38,7 +38,7 @@ const std::set<std::string>& not_yet_supported() {
 void add_run_flags(CLI::App& app, RunConfig& c) {
   const char* kModel = "Model selection";
   app.add_option("--model", c.model,
-                 "Model name, alias or Hugging Face repo id (see `xfuser models`)")
+                 "Model name, alias or Hugging Face repo id (list: `xfuser models`)")
       ->group(kModel);
   app.add_option("--model_path", c.model_path,
                  "A diffusers pipeline folder (model_index.json); overrides the cache lookup")

@@ -1,2 +1,3 @@
 xfuser_add_test(test_flux_pipeline.cpp)
 xfuser_add_test(test_xfuser_run.cpp TIMEOUT 600)
+xfuser_add_test(test_tools.cpp)

@@ -8,6 +8,7 @@ void register_commands(CLI::App& app) {
   register_forward(app);
   register_tokenize(app);
   register_make_tiny(app);
+  register_models(app);
 }
 
 }  // namespace xfuser::runner::tool

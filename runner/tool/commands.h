@@ -2,6 +2,8 @@
 // that runs it; errors are thrown as xfuser::Error and reported by main.
 #pragma once
 
+#include <string>
+
 namespace CLI {
 class App;
 }
@@ -13,6 +15,10 @@ void register_commands(CLI::App& app);
 // Individual commands (one file each under runner/tool/).
 void register_forward(CLI::App& app);
 void register_make_tiny(CLI::App& app);
+void register_models(CLI::App& app);
 void register_tokenize(CLI::App& app);
+
+// The `xfuser models` listing in `format` (table, markdown or json).
+std::string models_listing(const std::string& format);
 
 }  // namespace xfuser::runner::tool

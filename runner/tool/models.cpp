@@ -1,0 +1,104 @@
+// `xfuser models [--format table|markdown|json]`: every registered model with its ids, task,
+// defaults, supported parallelism and options, and maturity.
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "models/registry.h"
+#include "runner/tool/commands.h"
+
+namespace xfuser::runner::tool {
+namespace {
+
+std::vector<std::string> parallelism_names(const models::Parallelism& p) {
+  std::vector<std::string> out;
+  if (p.ulysses) out.push_back("ulysses");
+  if (p.ring) out.push_back("ring");
+  if (p.pipefusion) out.push_back("pipefusion");
+  if (p.tensor_parallel) out.push_back("tensor");
+  if (p.data_parallel) out.push_back("data");
+  if (p.cfg_parallel) out.push_back("cfg");
+  if (p.parallel_vae) out.push_back("parallel_vae");
+  return out;
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+}  // namespace
+
+std::string models_listing(const std::string& format) {
+  std::ostringstream os;
+  const auto& specs = models::ModelRegistry::all();
+  if (format == "json") {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& s : specs) {
+      arr.push_back({{"id", s.id},
+                     {"aliases", s.aliases},
+                     {"hf_repo", s.hf_repo},
+                     {"task", models::to_string(s.task)},
+                     {"defaults",
+                      {{"height", s.defaults.height},
+                       {"width", s.defaults.width},
+                       {"num_inference_steps", s.defaults.num_inference_steps},
+                       {"guidance_scale", s.defaults.guidance_scale},
+                       {"max_sequence_length", s.defaults.max_sequence_length}}},
+                     {"parallelism", parallelism_names(s.parallelism)},
+                     {"options", std::vector<std::string>(s.options.begin(), s.options.end())},
+                     {"maturity", s.maturity},
+                     {"description", s.description}});
+    }
+    os << arr.dump(2) << "\n";
+    return os.str();
+  }
+  const bool md = format == "markdown";
+  const std::vector<std::string> header = {"model",    "aliases",     "task",
+                                           "defaults", "parallelism", "maturity"};
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& s : specs) {
+    std::ostringstream d;
+    d << s.defaults.width << "x" << s.defaults.height << ", " << s.defaults.num_inference_steps
+      << " steps, guidance " << s.defaults.guidance_scale << ", text "
+      << s.defaults.max_sequence_length;
+    auto par = parallelism_names(s.parallelism);
+    rows.push_back({s.id, join(s.aliases, ", "), models::to_string(s.task), d.str(),
+                    par.empty() ? "single rank" : join(par, ", "), s.maturity});
+  }
+  if (md) {
+    os << "| " << join(header, " | ") << " |\n|";
+    for (size_t i = 0; i < header.size(); ++i) os << "---|";
+    os << "\n";
+    for (const auto& r : rows) os << "| " << join(r, " | ") << " |\n";
+    return os.str();
+  }
+  std::vector<size_t> width(header.size());
+  for (size_t i = 0; i < header.size(); ++i) width[i] = header[i].size();
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  auto line = [&](const std::vector<std::string>& r) {
+    for (size_t i = 0; i < r.size(); ++i) {
+      os << r[i];
+      if (i + 1 < r.size()) os << std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    os << "\n";
+  };
+  line(header);
+  for (const auto& r : rows) line(r);
+  return os.str();
+}
+
+void register_models(CLI::App& app) {
+  auto format = std::make_shared<std::string>("table");
+  auto* cmd = app.add_subcommand("models", "List the registered models");
+  cmd->add_option("--format", *format, "Output format")
+      ->check(CLI::IsMember({"table", "markdown", "json"}))
+      ->capture_default_str();
+  cmd->callback([format] { std::cout << models_listing(*format); });
+}
+
+}  // namespace xfuser::runner::tool
