@@ -32,8 +32,7 @@ TEST(ModelsTool, MarkdownHasOneRowPerModel) {
 }
 
 TEST(Registry, FindsIdsAndAliasesAndListsKnownOnMiss) {
-  EXPECT_EQ(xfuser::models::ModelRegistry::find("black-forest-labs/FLUX.1-dev").id,
-            "FLUX.1-dev");
+  EXPECT_EQ(xfuser::models::ModelRegistry::find("black-forest-labs/FLUX.1-dev").id, "FLUX.1-dev");
   try {
     xfuser::models::ModelRegistry::find("FLUX.9");
     FAIL();
