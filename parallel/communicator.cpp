@@ -1,0 +1,31 @@
+#include "parallel/communicator.h"
+
+#include "backends/error.h"
+
+namespace xfuser::parallel {
+
+void Communicator::count(const std::string& op, int64_t bytes, double seconds) {
+  auto& s = stats_[op];
+  ++s.calls;
+  s.bytes += bytes;
+  s.seconds += seconds;
+}
+
+void Communicator::unsupported(const std::string& op) const {
+  XF_THROW(backend(), " communicator '", name(), "' does not support ", op);
+}
+
+void Communicator::all_reduce(at::Tensor&, ReduceOp) { unsupported("all_reduce"); }
+at::Tensor Communicator::all_gather(const at::Tensor&, int64_t) { unsupported("all_gather"); }
+at::Tensor Communicator::all_to_all(const at::Tensor&) { unsupported("all_to_all"); }
+void Communicator::broadcast(at::Tensor&, int) { unsupported("broadcast"); }
+void Communicator::send(const at::Tensor&, int, Tag) { unsupported("send"); }
+void Communicator::recv(at::Tensor&, int, Tag) { unsupported("recv"); }
+std::unique_ptr<Work> Communicator::isend(const at::Tensor&, int, Tag) { unsupported("isend"); }
+std::unique_ptr<Work> Communicator::irecv(at::Tensor&, int, Tag) { unsupported("irecv"); }
+void Communicator::barrier() { unsupported("barrier"); }
+std::unique_ptr<Communicator> Communicator::split(int, int, const std::string&) {
+  unsupported("split");
+}
+
+}  // namespace xfuser::parallel

@@ -1,0 +1,94 @@
+// Communicator: one process group and its collectives, with an MPI backend for CPU tensors
+// (parallel/mpi_communicator.h) and an NCCL backend for CUDA tensors (XFUSER_WITH_NCCL).
+//
+// Contract for every backend:
+// - Options are fixed at creation: the group's name (used in every error and in the run
+//   report), and the timeout of every blocking wait. A wait past the timeout throws
+//   xfuser::Error naming the operation, the group, the peer (if any) and the bytes, so main can
+//   MPI_Abort the job instead of hanging.
+// - Tensors are contiguous; collectives are in-place where the signature says so.
+// - Every call counts calls, bytes moved (sent by this rank) and seconds per operation kind; the
+//   counts go into the per-rank run report.
+// - The default implementation of each operation throws "<backend> does not support <op>".
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace xfuser::parallel {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+// Every MPI/NCCL point-to-point tag used by xfuser, in one place.
+enum class Tag : int {
+  kGeneric = 100,
+  kRingKv = 200,
+  kPipeActivation = 300,
+  kPipeLatent = 310,
+  kVaeHalo = 400,
+  kHeartbeat = 900,
+};
+
+struct OpStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;  // bytes this rank sent (for all-reduce: the buffer size per call)
+  double seconds = 0.0;
+};
+
+// A pending asynchronous operation. wait() blocks until done or the communicator's timeout
+// (then throws naming the operation); test() polls.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual std::string backend() const = 0;  // "mpi", "nccl"
+  virtual int rank() const = 0;             // rank within the group
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;
+  // World ranks of the members, in group-rank order.
+  virtual const std::vector<int>& world_ranks() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // In place over all members.
+  virtual void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // Concatenation of every member's `tensor` (same shape everywhere) along `dim`, in rank order.
+  virtual at::Tensor all_gather(const at::Tensor& tensor, int64_t dim = 0);
+  // `input` is split along dim 0 into size() equal chunks; chunk j goes to rank j; the result
+  // holds, along dim 0, the chunk received from rank 0, then rank 1, ... (same shape as input).
+  virtual at::Tensor all_to_all(const at::Tensor& input);
+  virtual void broadcast(at::Tensor& tensor, int root);
+  virtual void send(const at::Tensor& tensor, int dst, Tag tag = Tag::kGeneric);
+  virtual void recv(at::Tensor& tensor, int src, Tag tag = Tag::kGeneric);
+  virtual std::unique_ptr<Work> isend(const at::Tensor& tensor, int dst, Tag tag = Tag::kGeneric);
+  virtual std::unique_ptr<Work> irecv(at::Tensor& tensor, int src, Tag tag = Tag::kGeneric);
+  virtual void barrier();
+  // A sub-group of the members with the same `color`, ordered by (key, rank); `name` names it.
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name);
+
+  // Counters per operation kind ("all_reduce", "all_gather", "all_to_all", "broadcast", "send",
+  // "recv", "barrier").
+  const std::map<std::string, OpStats>& stats() const { return stats_; }
+  void reset_stats() { stats_.clear(); }
+
+ protected:
+  void count(const std::string& op, int64_t bytes, double seconds);
+  [[noreturn]] void unsupported(const std::string& op) const;
+
+ private:
+  std::map<std::string, OpStats> stats_;
+};
+
+}  // namespace xfuser::parallel
