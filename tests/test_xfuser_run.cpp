@@ -130,6 +130,37 @@ TEST_F(XfuserRun, BadInputsFailBeforeComputeWithANamedError) {
   EXPECT_TRUE(fs::is_empty(out.path()));
 }
 
+TEST_F(XfuserRun, FindsARepoIdInTheHuggingFaceCache) {
+  // A FLUX-format pipeline placed where the hub cache keeps black-forest-labs/FLUX.1-dev.
+  xfuser::testing::TempDir hf, out;
+  const fs::path repo = hf / "hub" / "models--black-forest-labs--FLUX.1-dev";
+  std::string log;
+  ASSERT_EQ(xfuser::testing::run_command(
+                (xfuser::testing::binary_dir() / "bin" / "xfuser").string() +
+                    " make-tiny --arch flux --out " + (repo / "snapshots" / "abc123").string(),
+                &log),
+            0)
+      << log;
+  fs::create_directories(repo / "refs");
+  std::ofstream(repo / "refs" / "main") << "abc123";
+  const std::string args =
+      " --model black-forest-labs/FLUX.1-dev --prompt x --height 64 --width 64 "
+      "--num_inference_steps 1 --max_sequence_length 16 --output_directory " +
+      out.path().string();
+  auto with_hf_home = [&](const fs::path& home) {
+    return "env -u HF_HUB_CACHE -u HUGGINGFACE_HUB_CACHE -u XDG_CACHE_HOME HOME=" + home.string() +
+           " HF_HOME=" + home.string() + " " +
+           (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string() + args;
+  };
+  ASSERT_EQ(xfuser::testing::run_command(with_hf_home(hf.path()), &log), 0) << log;
+  EXPECT_TRUE(fs::exists(out / "FLUX.1-dev_u1r1_tc_False_64x64_0.png")) << log;
+  // Without the cache the error says where it looked.
+  xfuser::testing::TempDir empty;
+  EXPECT_NE(xfuser::testing::run_command(with_hf_home(empty.path()), &log), 0);
+  EXPECT_NE(log.find("is not in the local Hugging Face cache"), std::string::npos) << log;
+  EXPECT_NE(log.find((empty.path() / "hub").string()), std::string::npos) << log;
+}
+
 TEST_F(XfuserRun, MissingTokenizerFileIsNamed) {
   xfuser::testing::TempDir dir, out;
   std::string log;
