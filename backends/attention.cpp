@@ -10,17 +10,12 @@
 #include <ATen/ATen.h>
 
 #include "backends/error.h"
+#include "backends/tensor_util.h"
 
 namespace xfuser::backends {
 namespace {
 
 constexpr int64_t kAutoChunkScoreElements = int64_t{1} << 24;
-
-std::string shape_str(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
-}
 
 // The mask as a boolean [B|1, H|1, Sq|1, Sk] tensor (undefined when there is none).
 at::Tensor normalize_mask(const at::Tensor& mask, int64_t b, int64_t h, int64_t sq, int64_t sk) {
@@ -29,17 +24,18 @@ at::Tensor normalize_mask(const at::Tensor& mask, int64_t b, int64_t h, int64_t 
            mask.scalar_type());
   at::Tensor m = mask;
   if (m.dim() == 2) {
-    XF_CHECK(m.size(0) == b && m.size(1) == sk, "attention: key mask ", shape_str(m),
+    XF_CHECK(m.size(0) == b && m.size(1) == sk, "attention: key mask ", shape_string(m.sizes()),
              " must be [B, Sk] = [", b, ", ", sk, "]");
     return m.view({b, 1, 1, sk});
   }
-  XF_CHECK(m.dim() == 4, "attention: mask ", shape_str(m),
+  XF_CHECK(m.dim() == 4, "attention: mask ", shape_string(m.sizes()),
            " must be a key mask [B, Sk] or broadcastable to [B, H, Sq, Sk] = [", b, ", ", h, ", ",
            sq, ", ", sk, "]");
   const int64_t want[4] = {b, h, sq, sk};
   for (int i = 0; i < 4; ++i) {
-    XF_CHECK(m.size(i) == want[i] || (m.size(i) == 1 && i < 3), "attention: mask ", shape_str(m),
-             " is not broadcastable to [B, H, Sq, Sk] = [", b, ", ", h, ", ", sq, ", ", sk, "]");
+    XF_CHECK(m.size(i) == want[i] || (m.size(i) == 1 && i < 3), "attention: mask ",
+             shape_string(m.sizes()), " is not broadcastable to [B, H, Sq, Sk] = [", b, ", ", h,
+             ", ", sq, ", ", sk, "]");
   }
   return m;
 }
@@ -47,16 +43,16 @@ at::Tensor normalize_mask(const at::Tensor& mask, int64_t b, int64_t h, int64_t 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   XF_CHECK(q.defined() && k.defined() && v.defined(), "attention: q, k and v must be defined");
   XF_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-           "attention: q, k, v must be [B, S, H, D]; got q ", shape_str(q), ", k ", shape_str(k),
-           ", v ", shape_str(v));
+           "attention: q, k, v must be [B, S, H, D]; got q ", shape_string(q.sizes()), ", k ",
+           shape_string(k.sizes()), ", v ", shape_string(v.sizes()));
   XF_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(2) == q.size(2) &&
                v.size(2) == q.size(2),
-           "attention: batch and head counts differ: q ", shape_str(q), ", k ", shape_str(k),
-           ", v ", shape_str(v));
+           "attention: batch and head counts differ: q ", shape_string(q.sizes()), ", k ",
+           shape_string(k.sizes()), ", v ", shape_string(v.sizes()));
   XF_CHECK(k.size(3) == q.size(3), "attention: q head dim ", q.size(3), " != k head dim ",
-           k.size(3), " (q ", shape_str(q), ", k ", shape_str(k), ")");
+           k.size(3), " (q ", shape_string(q.sizes()), ", k ", shape_string(k.sizes()), ")");
   XF_CHECK(k.size(1) == v.size(1), "attention: k has ", k.size(1), " keys but v has ", v.size(1),
-           " (k ", shape_str(k), ", v ", shape_str(v), ")");
+           " (k ", shape_string(k.sizes()), ", v ", shape_string(v.sizes()), ")");
   XF_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
            "attention: q, k, v dtypes differ: ", q.scalar_type(), ", ", k.scalar_type(), ", ",
            v.scalar_type());
@@ -166,13 +162,14 @@ AttentionOutput merge_attention(const AttentionOutput& a, const AttentionOutput&
   XF_CHECK(a.out.defined() && b.out.defined() && a.lse.defined() && b.lse.defined(),
            "merge_attention: both partial results must be defined");
   XF_CHECK(a.out.sizes() == b.out.sizes(),
-           "merge_attention: outputs differ in shape: ", shape_str(a.out), " vs ",
-           shape_str(b.out));
+           "merge_attention: outputs differ in shape: ", shape_string(a.out.sizes()), " vs ",
+           shape_string(b.out.sizes()));
   XF_CHECK(a.out.dim() == 4 && a.lse.dim() == 3 && a.lse.sizes() == b.lse.sizes() &&
                a.lse.size(0) == a.out.size(0) && a.lse.size(1) == a.out.size(2) &&
                a.lse.size(2) == a.out.size(1),
            "merge_attention: expected out [B, Sq, H, Dv] and lse [B, H, Sq]; got out ",
-           shape_str(a.out), ", lse ", shape_str(a.lse), " and ", shape_str(b.lse));
+           shape_string(a.out.sizes()), ", lse ", shape_string(a.lse.sizes()), " and ",
+           shape_string(b.lse.sizes()));
   const double neg_inf = -std::numeric_limits<double>::infinity();
   auto la = a.lse.to(at::kFloat), lb = b.lse.to(at::kFloat);  // [B, H, Sq]
   auto m = at::maximum(la, lb);

@@ -7,6 +7,7 @@
 
 #include "backends/attention.h"
 #include "backends/error.h"
+#include "backends/tensor_util.h"
 
 namespace xfuser::models {
 namespace {
@@ -16,14 +17,6 @@ namespace {
 bool is_cpu_half(const at::Tensor& x) { return x.scalar_type() == at::kHalf && !x.is_cuda(); }
 
 }  // namespace
-
-std::string shape_string(at::IntArrayRef shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
-}
 
 // ---- activations --------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "backends/tensor_util.h"
 #include "models/common/module.h"
 
 namespace xfuser::models {
@@ -240,9 +241,7 @@ using AttentionHook = std::function<at::Tensor(const at::Tensor& q, const at::Te
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const AttentionCall& call);
 
-// ---- helpers ------------------------------------------------------------------------------------
-
-// "[1, 16, 4]" for error messages.
-std::string shape_string(at::IntArrayRef shape);
+// "[1, 16, 4]" for error messages (backends/tensor_util.h).
+using ::xfuser::shape_string;
 
 }  // namespace xfuser::models

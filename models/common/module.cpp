@@ -7,18 +7,11 @@
 #include <ATen/ATen.h>
 
 #include "backends/error.h"
+#include "backends/tensor_util.h"
 #include "models/weights/tensor_source.h"
 
 namespace xfuser::models {
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
-}
 
 bool starts_with(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
@@ -61,13 +54,13 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
     const std::string full = prefix + name;
     claimed.insert(full);
     if (!source.contains(full)) {
-      missing.push_back(full + " " + shape_str(slot->shape));
+      missing.push_back(full + " " + shape_string(slot->shape));
       continue;
     }
     auto info = source.info(full);
     if (info.shape != slot->shape) {
-      mismatched.push_back(full + ": checkpoint " + shape_str(info.shape) + ", model expects " +
-                           shape_str(slot->shape));
+      mismatched.push_back(full + ": checkpoint " + shape_string(info.shape) + ", model expects " +
+                           shape_string(slot->shape));
     }
   }
   if (!options.allow_unexpected) {

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "backends/error.h"
+#include "backends/tensor_util.h"
 
 namespace xfuser::models::text_encoders {
 namespace {
@@ -13,12 +14,6 @@ namespace {
 std::string join(const std::vector<std::string>& items) {
   std::ostringstream os;
   for (size_t i = 0; i < items.size(); ++i) os << (i ? ", " : "") << items[i];
-  return os.str();
-}
-
-std::string shape_str(at::IntArrayRef shape) {
-  std::ostringstream os;
-  os << shape;
   return os.str();
 }
 
@@ -73,12 +68,12 @@ at::Tensor checked_input_ids(const std::string& class_name, const TensorMap& inp
                              int64_t vocab_size) {
   const at::Tensor& ids = inputs.at("input_ids");
   XF_CHECK(ids.dim() == 2, class_name, ".forward: input_ids must be [batch, seq], got shape ",
-           shape_str(ids.sizes()));
+           shape_string(ids.sizes()));
   XF_CHECK(!at::isFloatingType(ids.scalar_type()) && !at::isComplexType(ids.scalar_type()) &&
                ids.scalar_type() != at::kBool,
            class_name, ".forward: input_ids must be an integer tensor, got ", ids.scalar_type());
   XF_CHECK(ids.size(0) > 0 && ids.size(1) > 0, class_name,
-           ".forward: input_ids must not be empty, got shape ", shape_str(ids.sizes()));
+           ".forward: input_ids must not be empty, got shape ", shape_string(ids.sizes()));
   auto out = ids.to(at::kLong).contiguous();
   const int64_t lo = out.min().item<int64_t>();
   const int64_t hi = out.max().item<int64_t>();
@@ -93,8 +88,8 @@ at::Tensor checked_attention_mask(const std::string& class_name, const TensorMap
   if (it == inputs.end() || !it->second.defined()) return {};
   const at::Tensor& mask = it->second;
   XF_CHECK(mask.sizes() == input_ids.sizes(), class_name, ".forward: attention_mask shape ",
-           shape_str(mask.sizes()), " does not match input_ids shape ",
-           shape_str(input_ids.sizes()));
+           shape_string(mask.sizes()), " does not match input_ids shape ",
+           shape_string(input_ids.sizes()));
   XF_CHECK(!at::isComplexType(mask.scalar_type()), class_name,
            ".forward: attention_mask must be real, got ", mask.scalar_type());
   return mask;

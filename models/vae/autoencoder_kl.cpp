@@ -9,18 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "backends/tensor_util.h"
 #include "models/weights/component_folder.h"
 
 namespace xfuser::models::vae {
 namespace {
 
 using nlohmann::json;
-
-std::string shape_str(at::IntArrayRef sizes) {
-  std::string s = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-  return s + "]";
-}
 
 // diffusers' blend_v / blend_h, in place on `b` like diffusers (later tiles read the blended
 // neighbours): b[..., y, :] = a[..., -e + y, :] * (1 - y/e) + b[..., y, :] * (y/e), y < e.
@@ -38,6 +33,25 @@ void blend(const at::Tensor& a, at::Tensor& b, int64_t extent, int64_t dim) {
   at::Tensor b_head = b.narrow(dim, 0, extent);
   at::Tensor mixed = a_tail * w_keep + b_head.to(at::kFloat) * w_take;
   b_head.copy_(mixed);
+}
+
+// Blends each tile with its upper and left neighbours (in place, in diffusers' order), crops
+// every tile to row_limit and stitches the grid: the second half of tiled_encode/tiled_decode.
+at::Tensor blend_tiles(std::vector<std::vector<at::Tensor>>& rows, int64_t blend_extent,
+                       int64_t row_limit) {
+  std::vector<at::Tensor> result_rows;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::vector<at::Tensor> result_row;
+    for (size_t j = 0; j < rows[i].size(); ++j) {
+      at::Tensor& tile = rows[i][j];
+      if (i > 0) blend(rows[i - 1][j], tile, blend_extent, 2);
+      if (j > 0) blend(rows[i][j - 1], tile, blend_extent, 3);
+      result_row.push_back(tile.narrow(2, 0, std::min(row_limit, tile.size(2)))
+                               .narrow(3, 0, std::min(row_limit, tile.size(3))));
+    }
+    result_rows.push_back(at::cat(result_row, 3));
+  }
+  return at::cat(result_rows, 2);
 }
 
 }  // namespace
@@ -183,19 +197,7 @@ at::Tensor AutoencoderKL::tiled_encode_moments(const at::Tensor& x) const {
     }
     rows.push_back(std::move(row));
   }
-  std::vector<at::Tensor> result_rows;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    std::vector<at::Tensor> result_row;
-    for (size_t j = 0; j < rows[i].size(); ++j) {
-      at::Tensor& tile = rows[i][j];
-      if (i > 0) blend(rows[i - 1][j], tile, blend_extent, 2);
-      if (j > 0) blend(rows[i][j - 1], tile, blend_extent, 3);
-      result_row.push_back(tile.narrow(2, 0, std::min(row_limit, tile.size(2)))
-                               .narrow(3, 0, std::min(row_limit, tile.size(3))));
-    }
-    result_rows.push_back(at::cat(result_row, 3));
-  }
-  return at::cat(result_rows, 2);
+  return blend_tiles(rows, blend_extent, row_limit);
 }
 
 DiagonalGaussian AutoencoderKL::encode(const at::Tensor& x) const {
@@ -249,19 +251,7 @@ at::Tensor AutoencoderKL::tiled_decode(const at::Tensor& z) const {
     }
     rows.push_back(std::move(row));
   }
-  std::vector<at::Tensor> result_rows;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    std::vector<at::Tensor> result_row;
-    for (size_t j = 0; j < rows[i].size(); ++j) {
-      at::Tensor& tile = rows[i][j];
-      if (i > 0) blend(rows[i - 1][j], tile, blend_extent, 2);
-      if (j > 0) blend(rows[i][j - 1], tile, blend_extent, 3);
-      result_row.push_back(tile.narrow(2, 0, std::min(row_limit, tile.size(2)))
-                               .narrow(3, 0, std::min(row_limit, tile.size(3))));
-    }
-    result_rows.push_back(at::cat(result_row, 3));
-  }
-  return at::cat(result_rows, 2);
+  return blend_tiles(rows, blend_extent, row_limit);
 }
 
 at::Tensor AutoencoderKL::decode(const at::Tensor& z) const {
@@ -279,7 +269,7 @@ void AutoencoderKL::check_input(const std::string& method, const std::string& na
                                 const at::Tensor& t, int64_t channels) const {
   XF_CHECK(t.defined(), "AutoencoderKL.", method, ": input '", name, "' is undefined");
   XF_CHECK(t.dim() == 4 && t.size(1) == channels && t.size(0) > 0 && t.size(2) > 0 && t.size(3) > 0,
-           "AutoencoderKL.", method, ": input '", name, "' has shape ", shape_str(t.sizes()),
+           "AutoencoderKL.", method, ": input '", name, "' has shape ", shape_string(t.sizes()),
            ", expected [B, ", channels, ", H, W]");
   XF_CHECK(t.is_floating_point(), "AutoencoderKL.", method, ": input '", name,
            "' must be a floating-point tensor, got ", t.scalar_type());

@@ -7,6 +7,7 @@
 
 #include "backends/attention.h"
 #include "backends/error.h"
+#include "backends/tensor_util.h"
 
 namespace xfuser::models::vae {
 namespace {
@@ -19,12 +20,6 @@ bool needs_upcast(const at::Tensor& x) {
 }
 
 at::Tensor maybe_float(const at::Tensor& t, bool up) { return up ? t.to(at::kFloat) : t; }
-
-std::string shape_str(at::IntArrayRef sizes) {
-  std::string s = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-  return s + "]";
-}
 
 }  // namespace
 
@@ -87,7 +82,7 @@ at::Tensor Conv2d::forward(const at::Tensor& x, int64_t stride, int64_t padding,
                            const SpatialContext* ctx) const {
   XF_CHECK(weight_->tensor.defined(), "Conv2d used before its weights were loaded");
   XF_CHECK(x.dim() == 4 && x.size(1) == in_channels_, "Conv2d expects [B, ", in_channels_,
-           ", H, W], got ", shape_str(x.sizes()));
+           ", H, W], got ", shape_string(x.sizes()));
   const bool up = needs_upcast(x);
   at::Tensor w = maybe_float(weight_->tensor, up);
   at::Tensor b = maybe_float(bias_->tensor, up);
@@ -118,7 +113,7 @@ GroupNorm::GroupNorm(int64_t groups, int64_t channels, double eps)
 at::Tensor GroupNorm::forward(const at::Tensor& x, const SpatialContext* ctx) const {
   XF_CHECK(weight_->tensor.defined(), "GroupNorm used before its weights were loaded");
   XF_CHECK(x.dim() == 4 && x.size(1) == channels_, "GroupNorm expects [B, ", channels_,
-           ", H, W], got ", shape_str(x.sizes()));
+           ", H, W], got ", shape_string(x.sizes()));
   const at::Tensor w = weight_->tensor.to(at::kFloat);
   const at::Tensor b = bias_->tensor.to(at::kFloat);
   at::Tensor xf = x.to(at::kFloat);  // [B, C, H, W] fp32

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "backends/error.h"
+#include "backends/tensor_util.h"
 
 // libtorch >= 2.1 has fp8 dtypes; older versions decode fp8 to float32 on load.
 #if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 1)
@@ -99,14 +100,6 @@ int dtype_index_by_type(c10::ScalarType type) {
   for (int i = 0; i < kNumDtypes; ++i)
     if (kDtypes[i].writable && kDtypes[i].type == type) return i;
   return -1;
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
 }
 
 int64_t numel_of(const std::vector<int64_t>& shape, size_t from = 0) {
@@ -285,8 +278,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     bool overflow = false;
     for (int64_t d : e.shape)
       overflow = overflow || __builtin_mul_overflow(expected, static_cast<uint64_t>(d), &expected);
-    XF_CHECK(!overflow && expected == e.end - e.begin, where, ": shape ", shape_str(e.shape), " x ",
-             spec.name, " (", spec.size, " bytes) needs ",
+    XF_CHECK(!overflow && expected == e.end - e.begin, where, ": shape ", shape_string(e.shape),
+             " x ", spec.name, " (", spec.size, " bytes) needs ",
              overflow ? std::string("more than 2^64") : std::to_string(expected),
              " bytes but data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin,
              " bytes");
@@ -365,11 +358,11 @@ at::Tensor SafetensorsFile::get_slice(const std::string& name, int64_t dim, int6
   const Entry& e = entry(name);
   const int64_t ndim = static_cast<int64_t>(e.shape.size());
   const int64_t d = dim < 0 ? dim + ndim : dim;
-  XF_CHECK(d >= 0 && d < ndim, path_, ": tensor '", name, "' of shape ", shape_str(e.shape),
+  XF_CHECK(d >= 0 && d < ndim, path_, ": tensor '", name, "' of shape ", shape_string(e.shape),
            " has no dim ", dim);
   XF_CHECK(start >= 0 && length >= 0 && start <= e.shape[d] - length, path_, ": slice [", start,
            ", ", start + length, ") of dim ", d, " is out of range for tensor '", name,
-           "' of shape ", shape_str(e.shape));
+           "' of shape ", shape_string(e.shape));
   if (d != 0) return get(name).narrow(d, start, length);
   const int64_t row_bytes = numel_of(e.shape, 1) * kDtypes[e.dtype_index].size;
   std::vector<int64_t> shape = e.shape;
