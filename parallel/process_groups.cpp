@@ -1,0 +1,44 @@
+#include "parallel/process_groups.h"
+
+#include "backends/error.h"
+
+namespace xfuser::parallel {
+
+ProcessGroups::ProcessGroups(const WorldConfig& config, std::shared_ptr<Communicator> world)
+    : config_(config), world_(std::move(world)) {
+  XF_CHECK(world_ != nullptr, "ProcessGroups: no world communicator");
+  XF_CHECK(world_->size() == config_.world_size(), "ProcessGroups: communicator '", world_->name(),
+           "' has ", world_->size(), " ranks but the parallel config is ", config_.to_string());
+  coords_ = config_.coords(world_->rank());
+  for (MeshDim dim : kAllMeshDims) {
+    XF_CONTEXT("creating the ", mesh_dim_name(dim), " group of rank ", world_->rank());
+    const auto members = config_.group(dim, world_->rank());
+    auto comm =
+        world_->split(members.front(), coords_.get(dim), config_.group_name(dim, world_->rank()));
+    std::vector<int> expected;
+    for (int m : members) expected.push_back(world_->world_ranks()[m]);
+    XF_CHECK(comm->size() == config_.degree(dim) && comm->rank() == coords_.get(dim) &&
+                 comm->world_ranks() == expected,
+             "group '", comm->name(), "' came out with rank ", comm->rank(), " of ", comm->size(),
+             ", expected rank ", coords_.get(dim), " of ", config_.degree(dim));
+    groups_[dim] = std::move(comm);
+  }
+}
+
+Communicator& ProcessGroups::group(MeshDim dim) const { return *groups_.at(dim); }
+
+std::map<std::string, std::map<std::string, OpStats>> ProcessGroups::stats() const {
+  std::map<std::string, std::map<std::string, OpStats>> out;
+  if (!world_->stats().empty()) out[world_->name()] = world_->stats();
+  for (const auto& [dim, comm] : groups_) {
+    if (!comm->stats().empty()) out[comm->name()] = comm->stats();
+  }
+  return out;
+}
+
+void ProcessGroups::reset_stats() {
+  world_->reset_stats();
+  for (auto& [dim, comm] : groups_) comm->reset_stats();
+}
+
+}  // namespace xfuser::parallel

@@ -1,0 +1,50 @@
+// ProcessGroups: the communicators of this rank, one per mesh dimension of a WorldConfig.
+//
+// Built collectively (every rank of the world communicator constructs it with the same config):
+// each dimension's group comes from world.split(color = lowest member, key = coordinate), so the
+// group rank of a member equals its coordinate in that dimension. Groups are named after the
+// dimension and their members' ranks in the world communicator: "ulysses[0,1]", "ring[0,2]",
+// "sp[0,1,2,3]", "tp[5]" (degree 1 groups exist too, with one member).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "parallel/communicator.h"
+#include "parallel/world_config.h"
+
+namespace xfuser::parallel {
+
+class ProcessGroups {
+ public:
+  // `world` must have config.world_size() members; this rank is world->rank().
+  ProcessGroups(const WorldConfig& config, std::shared_ptr<Communicator> world);
+
+  const WorldConfig& config() const { return config_; }
+  int rank() const { return world_->rank(); }  // rank in the world communicator
+  const RankCoords& coords() const { return coords_; }
+
+  Communicator& tp() const { return group(MeshDim::kTp); }
+  Communicator& ulysses() const { return group(MeshDim::kUlysses); }
+  Communicator& ring() const { return group(MeshDim::kRing); }
+  Communicator& sp() const { return group(MeshDim::kSp); }
+  Communicator& pp() const { return group(MeshDim::kPp); }
+  Communicator& cfg() const { return group(MeshDim::kCfg); }
+  Communicator& dp() const { return group(MeshDim::kDp); }
+  Communicator& world() const { return *world_; }
+  Communicator& group(MeshDim dim) const;
+
+  // Run-report counters: group name -> operation -> OpStats, for the world and every group that
+  // has counted at least one call.
+  std::map<std::string, std::map<std::string, OpStats>> stats() const;
+  void reset_stats();
+
+ private:
+  WorldConfig config_;
+  RankCoords coords_;
+  std::shared_ptr<Communicator> world_;
+  std::map<MeshDim, std::unique_ptr<Communicator>> groups_;
+};
+
+}  // namespace xfuser::parallel
