@@ -1,10 +1,70 @@
-// Compiled only with XFUSER_WITH_NCCL (see parallel/CMakeLists.txt).
+// Compiled only with XFUSER_WITH_NCCL (see parallel/CMakeLists.txt). Builds and links on hosts
+// without a GPU (CUDA toolkit + NCCL headers and libraries); runs on GPU hosts.
 #include "parallel/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
 #include "backends/error.h"
+
+// The current torch CUDA stream is the compute stream when this libtorch has CUDA; a CPU-only
+// libtorch has no CUDA tensors, and the default stream stands in. Some CPU-only packages (Debian
+// libtorch-dev) ship c10/cuda headers without the generated cuda_cmake_macros.h that a CUDA
+// build of libtorch has: both must be present.
+#if __has_include(<c10/cuda/CUDAStream.h>) && __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
+#include <c10/cuda/CUDAStream.h>
+#define XFUSER_HAVE_C10_CUDA 1
+#else
+#define XFUSER_HAVE_C10_CUDA 0
+#endif
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "the NCCL backend needs NCCL >= 2.14 (ncclConfig_t, non-blocking communicators)"
+#endif
+#define XFUSER_NCCL_HAS_SPLIT (NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0))
+#define XFUSER_NCCL_HAS_FP8                       \
+  (NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0) && \
+   (XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 1)))
+
+// Throws xfuser::Error with the call text and NCCL's error string unless `call` returns
+// ncclSuccess. For calls that take no non-blocking communicator.
+#define XF_NCCL_CHECK(call)                                                                      \
+  do {                                                                                           \
+    const ncclResult_t xf_nccl_result_ = (call);                                                 \
+    if (xf_nccl_result_ != ncclSuccess) {                                                        \
+      throw ::xfuser::Error(__FILE__, __LINE__, #call,                                           \
+                            ::xfuser::detail::str_cat("NCCL call `" #call "` failed: ",          \
+                                                      ncclGetErrorString(xf_nccl_result_), " (", \
+                                                      ncclGetLastError(nullptr), ")"));          \
+    }                                                                                            \
+  } while (0)
+
+// Throws xfuser::Error with the call text and CUDA's error name and string unless `call`
+// returns cudaSuccess.
+#define XF_CUDA_CHECK(call)                                                                    \
+  do {                                                                                         \
+    const cudaError_t xf_cuda_result_ = (call);                                                \
+    if (xf_cuda_result_ != cudaSuccess) {                                                      \
+      throw ::xfuser::Error(__FILE__, __LINE__, #call,                                         \
+                            ::xfuser::detail::str_cat("CUDA call `" #call "` failed: ",        \
+                                                      cudaGetErrorName(xf_cuda_result_), ": ", \
+                                                      cudaGetErrorString(xf_cuda_result_)));   \
+    }                                                                                          \
+  } while (0)
+
+// For calls on a non-blocking communicator (`self` a NcclCommunicator): ncclInProgress is
+// accepted and the communicator polled until ready (or the timeout, then abort); any other
+// error throws naming the call and `what` (operation, group, bytes).
+#define XF_NCCL_CHECK_ASYNC(self, call, what) \
+  (self).check_enqueued((call), "NCCL call `" #call "`", __FILE__, __LINE__, (what))
 
 namespace xfuser::parallel {
 
@@ -23,6 +83,723 @@ std::string nccl_probe() {
            "); use the MPI backend (--comm_backend mpi) on CPU-only hosts");
   return "NCCL " + std::to_string(major) + "." + std::to_string(minor) + "." +
          std::to_string(patch) + ", " + std::to_string(devices) + " CUDA devices";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Busy polling for short operations, then 100 us sleeps so a long wait does not burn a core.
+void backoff(int polls) {
+  if (polls < 1000) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+// Makes `device` current for a scope and restores the previous device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    XF_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) XF_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() {
+    // Cannot throw here; a failure to restore surfaces at the next checked CUDA call.
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+ncclDataType_t nccl_dtype(at::ScalarType type, const std::string& what) {
+  switch (type) {
+    case at::ScalarType::Float:
+      return ncclFloat32;
+    case at::ScalarType::Double:
+      return ncclFloat64;
+    case at::ScalarType::Half:
+      return ncclFloat16;
+    case at::ScalarType::BFloat16:
+      return ncclBfloat16;
+    case at::ScalarType::Long:
+      return ncclInt64;
+    case at::ScalarType::Int:
+      return ncclInt32;
+    case at::ScalarType::Byte:
+      return ncclUint8;
+    case at::ScalarType::Char:
+      return ncclInt8;
+#if XFUSER_NCCL_HAS_FP8
+    case at::ScalarType::Float8_e4m3fn:
+      return ncclFloat8e4m3;
+    case at::ScalarType::Float8_e5m2:
+      return ncclFloat8e5m2;
+#endif
+    default:
+      break;  // at::ScalarType is libtorch's enum: the unsupported rest lands here
+  }
+  XF_THROW(what, ": dtype ", type,
+           " is not supported by the NCCL backend (float, double, half, bfloat16, int64, int32, "
+           "uint8, int8",
+           XFUSER_NCCL_HAS_FP8 ? ", float8_e4m3fn, float8_e5m2)" : ")");
+}
+
+ncclRedOp_t nccl_reduce_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+  }
+  XF_THROW("invalid ReduceOp value ", static_cast<int>(op));
+}
+
+ncclConfig_t nonblocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+// Polls a non-blocking communicator until it leaves ncclInProgress or `deadline` passes; returns
+// its last state (ncclInProgress when the deadline passed).
+ncclResult_t poll_comm(ncclComm_t comm, Clock::time_point deadline) {
+  for (int polls = 0;; ++polls) {
+    ncclResult_t state = ncclSuccess;
+    XF_NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
+    if (state != ncclInProgress || Clock::now() > deadline) return state;
+    backoff(polls);
+  }
+}
+
+// Finishes the creation of a communicator by a non-blocking call (init or split) that returned
+// `result`: waits until it is ready; on an error or past the deadline aborts it and throws.
+ncclComm_t await_new_comm(ncclComm_t comm, ncclResult_t result, const char* call,
+                          std::chrono::milliseconds timeout, Clock::time_point deadline,
+                          const std::string& what) {
+  if (result != ncclSuccess && result != ncclInProgress) {
+    const std::string detail = ncclGetLastError(comm);
+    // Best effort cleanup: the error being reported is the failed call, not the abort.
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+    XF_THROW(call, " failed while ", what, ": ", ncclGetErrorString(result), " (", detail, ")");
+  }
+  XF_CHECK(comm != nullptr, call, " returned no communicator while ", what);
+  const ncclResult_t state = poll_comm(comm, deadline);
+  if (state == ncclSuccess) return comm;
+  const std::string detail = ncclGetLastError(comm);
+  (void)ncclCommAbort(comm);
+  if (state == ncclInProgress) {
+    XF_THROW(what, " timed out after ", timeout.count(), " ms in ", call,
+             "; the NCCL communicator was aborted (are all members calling it?)");
+  }
+  XF_THROW(call, " failed while ", what, ": ", ncclGetErrorString(state), " (", detail, ")");
+}
+
+ncclComm_t init_comm(int nranks, const ncclUniqueId& id, int rank,
+                     std::chrono::milliseconds timeout, const std::string& what) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  ncclConfig_t config = nonblocking_config();
+  ncclComm_t comm = nullptr;
+  const ncclResult_t result = ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
+  return await_new_comm(comm, result, "NCCL call `ncclCommInitRankConfig`", timeout, deadline,
+                        what);
+}
+
+int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+class NcclCommunicator;
+
+// Completion of operations enqueued on a communicator's stream. Holds the tensors the operation
+// uses until it is done. Must not outlive its communicator. Destroying it before completion
+// waits for the operation (bounded by the timeout) so the tensors are never freed under NCCL.
+class NcclWork final : public Work {
+ public:
+  // Records the completion event on the communicator's stream, after the enqueued operation.
+  // A non-empty `stat_op` is counted (with `bytes`, seconds since `start`) on completion.
+  NcclWork(NcclCommunicator& comm, std::vector<at::Tensor> keep, std::string what,
+           std::string stat_op = {}, int64_t bytes = 0, Clock::time_point start = {});
+  ~NcclWork() override;
+  NcclWork(const NcclWork&) = delete;
+  NcclWork& operator=(const NcclWork&) = delete;
+
+  // Blocks until done (timeout: abort and throw), then orders the current compute stream after
+  // the operation.
+  void wait() override;
+  bool test() override;
+
+ private:
+  void finish();
+
+  NcclCommunicator& comm_;
+  std::vector<at::Tensor> keep_;
+  std::string what_;
+  std::string stat_op_;
+  int64_t bytes_;
+  Clock::time_point start_;
+  cudaEvent_t done_ = nullptr;
+  bool finished_ = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm` (ready, non-blocking), bound to CUDA device `device`.
+  NcclCommunicator(ncclComm_t comm, int device, std::string name, std::chrono::milliseconds timeout,
+                   int rank, std::vector<int> world_ranks)
+      : comm_(comm),
+        device_(device),
+        name_(std::move(name)),
+        timeout_(timeout),
+        rank_(rank),
+        world_ranks_(std::move(world_ranks)) {
+    try {
+      DeviceGuard guard(device_);
+      XF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      XF_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~NcclCommunicator() override { release(); }
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  std::string backend() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(world_ranks_.size()); }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& world_ranks() const override { return world_ranks_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  void all_reduce(at::Tensor& tensor, ReduceOp op) override;
+  at::Tensor all_gather(const at::Tensor& tensor, int64_t dim) override;
+  at::Tensor all_to_all(const at::Tensor& input) override;
+  void broadcast(at::Tensor& tensor, int root) override;
+  void send(const at::Tensor& tensor, int dst, Tag tag) override;
+  void recv(at::Tensor& tensor, int src, Tag tag) override;
+  std::unique_ptr<Work> isend(const at::Tensor& tensor, int dst, Tag tag) override;
+  std::unique_ptr<Work> irecv(at::Tensor& tensor, int src, Tag tag) override;
+  void barrier() override;
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+
+  // See XF_NCCL_CHECK_ASYNC.
+  void check_enqueued(ncclResult_t result, const char* call, const char* file, int line,
+                      const std::string& what);
+
+ private:
+  friend class NcclWork;
+
+  std::string describe(const char* op, int64_t bytes, int peer = -1) const;
+  void check_usable(const std::string& what) const;
+  void check_tensor(const at::Tensor& tensor, const std::string& what) const;
+  void check_peer(int peer, const std::string& what) const;
+  cudaStream_t compute_stream() const;
+  // Orders this communicator's stream after the work queued so far on the compute stream.
+  void stream_wait_compute();
+  // Throws (after aborting the communicator) when NCCL reports an asynchronous error.
+  void check_async_error(const std::string& what);
+  // Polls `done` and the communicator's async error until `deadline`; on an error or timeout
+  // aborts the communicator and throws naming `what`.
+  void wait_event(cudaEvent_t done, Clock::time_point deadline, const std::string& what);
+  // Waits for the operation just enqueued (blocking operations).
+  void complete(std::vector<at::Tensor> keep, const std::string& what);
+  // Enqueues a send (or recv) of `tensor` to (from) `peer`; the work completes it.
+  // Counted as "send" (the message bytes) or "recv" (0 bytes) when complete.
+  std::unique_ptr<NcclWork> point_to_point(bool is_send, const at::Tensor& tensor, int peer,
+                                           const std::string& what);
+  // [size * numel]: every member's `tensor`, flattened, in rank order.
+  at::Tensor gather_flat(const at::Tensor& tensor, const std::string& what);
+  void abort();
+  void release() noexcept;
+
+  ncclComm_t comm_ = nullptr;  // nullptr once aborted
+  int device_ = 0;
+  std::string name_;
+  std::chrono::milliseconds timeout_;
+  int rank_ = 0;
+  std::vector<int> world_ranks_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;  // recorded on the compute stream before each operation
+  at::Tensor barrier_buffer_;    // [1] float on device_
+};
+
+// ---- NcclWork ---------------------------------------------------------------------------------
+
+NcclWork::NcclWork(NcclCommunicator& comm, std::vector<at::Tensor> keep, std::string what,
+                   std::string stat_op, int64_t bytes, Clock::time_point start)
+    : comm_(comm),
+      keep_(std::move(keep)),
+      what_(std::move(what)),
+      stat_op_(std::move(stat_op)),
+      bytes_(bytes),
+      start_(start) {
+  DeviceGuard guard(comm_.device_);
+  XF_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  try {
+    XF_CUDA_CHECK(cudaEventRecord(done_, comm_.stream_));
+  } catch (...) {
+    (void)cudaEventDestroy(done_);
+    throw;
+  }
+}
+
+NcclWork::~NcclWork() {
+  if (!finished_) {
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      spdlog::error("{} was not waited for and failed: {}", what_, e.what());
+    }
+  }
+  if (done_ != nullptr) (void)cudaEventDestroy(done_);
+}
+
+void NcclWork::wait() {
+  if (finished_) return;
+  XF_CONTEXT(what_);
+  DeviceGuard guard(comm_.device_);
+  comm_.wait_event(done_, Clock::now() + comm_.timeout_, what_);
+  finish();
+}
+
+bool NcclWork::test() {
+  if (finished_) return true;
+  XF_CONTEXT(what_);
+  DeviceGuard guard(comm_.device_);
+  const cudaError_t query = cudaEventQuery(done_);
+  if (query == cudaErrorNotReady) {
+    comm_.check_async_error(what_);
+    return false;
+  }
+  if (query != cudaSuccess) {
+    XF_THROW(what_, ": CUDA call `cudaEventQuery(done)` failed: ", cudaGetErrorName(query), ": ",
+             cudaGetErrorString(query));
+  }
+  finish();
+  return true;
+}
+
+void NcclWork::finish() {
+  XF_CUDA_CHECK(cudaStreamWaitEvent(comm_.compute_stream(), done_, 0));
+  keep_.clear();
+  finished_ = true;
+  if (!stat_op_.empty()) comm_.count(stat_op_, bytes_, seconds_since(start_));
+}
+
+// ---- NcclCommunicator: plumbing ---------------------------------------------------------------
+
+std::string NcclCommunicator::describe(const char* op, int64_t bytes, int peer) const {
+  std::string s = std::string("nccl ") + op;
+  if (peer >= 0)
+    s += std::string(std::strstr(op, "recv") != nullptr ? " from" : " to") + " rank " +
+         std::to_string(peer);
+  return s + " on group '" + name_ + "' (" + std::to_string(bytes) + " bytes)";
+}
+
+void NcclCommunicator::check_usable(const std::string& what) const {
+  XF_CHECK(comm_ != nullptr, what, ": the NCCL communicator of group '", name_,
+           "' was aborted after an earlier error or timeout");
+}
+
+void NcclCommunicator::check_tensor(const at::Tensor& tensor, const std::string& what) const {
+  XF_CHECK(tensor.defined(), what, ": the tensor is undefined");
+  XF_CHECK(tensor.is_cuda(), what, " needs a CUDA tensor, got a ", tensor.device(),
+           " tensor of shape ", tensor.sizes(), " (use the MPI backend for CPU tensors)");
+  XF_CHECK(tensor.device().index() == device_, what, ": the tensor is on ", tensor.device(),
+           " but the communicator on cuda:", device_);
+  XF_CHECK(tensor.is_contiguous(), what, ": the tensor of shape ", tensor.sizes(),
+           " is not contiguous");
+}
+
+void NcclCommunicator::check_peer(int peer, const std::string& what) const {
+  XF_CHECK(peer >= 0 && peer < size(), what, ": peer rank ", peer, " is outside the group of ",
+           size());
+}
+
+cudaStream_t NcclCommunicator::compute_stream() const {
+#if XFUSER_HAVE_C10_CUDA
+  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+#else
+  return nullptr;  // the default stream
+#endif
+}
+
+void NcclCommunicator::stream_wait_compute() {
+  XF_CUDA_CHECK(cudaEventRecord(ready_, compute_stream()));
+  XF_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+}
+
+void NcclCommunicator::check_enqueued(ncclResult_t result, const char* call, const char* file,
+                                      int line, const std::string& what) {
+  if (result == ncclSuccess) return;
+  if (result != ncclInProgress) {
+    const std::string detail = comm_ != nullptr ? ncclGetLastError(comm_) : "";
+    throw Error(file, line, call,
+                ::xfuser::detail::str_cat(call, " failed during ", what, ": ",
+                                          ncclGetErrorString(result), " (", detail, ")"));
+  }
+  check_usable(what);
+  const ncclResult_t state = poll_comm(comm_, Clock::now() + timeout_);
+  if (state == ncclSuccess) return;
+  const std::string detail = ncclGetLastError(comm_);
+  abort();
+  if (state == ncclInProgress) {
+    XF_THROW(what, " timed out after ", timeout_.count(), " ms in ", call,
+             "; the NCCL communicator was aborted");
+  }
+  XF_THROW(what, " failed in ", call, ": ", ncclGetErrorString(state), " (", detail,
+           "); the NCCL communicator was aborted");
+}
+
+void NcclCommunicator::check_async_error(const std::string& what) {
+  check_usable(what);
+  ncclResult_t state = ncclSuccess;
+  XF_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+  if (state == ncclSuccess || state == ncclInProgress) return;
+  const std::string detail = ncclGetLastError(comm_);
+  abort();
+  XF_THROW(what, " failed: NCCL reported ", ncclGetErrorString(state), " (", detail,
+           "); the NCCL communicator was aborted");
+}
+
+void NcclCommunicator::wait_event(cudaEvent_t done, Clock::time_point deadline,
+                                  const std::string& what) {
+  for (int polls = 0;; ++polls) {
+    const cudaError_t query = cudaEventQuery(done);
+    if (query == cudaSuccess) return;
+    if (query != cudaErrorNotReady) {
+      XF_THROW(what, ": CUDA call `cudaEventQuery(done)` failed: ", cudaGetErrorName(query), ": ",
+               cudaGetErrorString(query));
+    }
+    check_async_error(what);
+    if (Clock::now() > deadline) {
+      abort();
+      XF_THROW(what, " timed out after ", timeout_.count(),
+               " ms; the NCCL communicator was aborted (are all members calling it?)");
+    }
+    backoff(polls);
+  }
+}
+
+void NcclCommunicator::complete(std::vector<at::Tensor> keep, const std::string& what) {
+  NcclWork work(*this, std::move(keep), what);
+  work.wait();
+}
+
+void NcclCommunicator::abort() {
+  if (comm_ == nullptr) return;
+  // Best effort: the caller reports the error that made it abort.
+  (void)ncclCommAbort(comm_);
+  comm_ = nullptr;
+}
+
+void NcclCommunicator::release() noexcept {
+  int previous = -1;
+  (void)cudaGetDevice(&previous);
+  (void)cudaSetDevice(device_);
+  if (comm_ != nullptr) {
+    // Flush pending operations (bounded by the timeout), then destroy; abort when that fails.
+    bool clean = false;
+    try {
+      const ncclResult_t finalize = ncclCommFinalize(comm_);
+      clean = (finalize == ncclSuccess || finalize == ncclInProgress) &&
+              poll_comm(comm_, Clock::now() + timeout_) == ncclSuccess;
+    } catch (const std::exception&) {
+      clean = false;
+    }
+    if (clean) {
+      (void)ncclCommDestroy(comm_);
+    } else {
+      spdlog::warn("nccl communicator '{}' did not finalize cleanly; aborting it", name_);
+      (void)ncclCommAbort(comm_);
+    }
+    comm_ = nullptr;
+  }
+  if (ready_ != nullptr) (void)cudaEventDestroy(ready_);
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  ready_ = nullptr;
+  stream_ = nullptr;
+  if (previous >= 0) (void)cudaSetDevice(previous);
+}
+
+// ---- NcclCommunicator: operations -------------------------------------------------------------
+
+void NcclCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  const Clock::time_point start = Clock::now();
+  const int64_t bytes = tensor.defined() ? nbytes(tensor) : 0;
+  const std::string what = describe("all_reduce", bytes);
+  XF_CONTEXT(what);
+  check_usable(what);
+  check_tensor(tensor, what);
+  const ncclDataType_t dtype = nccl_dtype(tensor.scalar_type(), what);
+  DeviceGuard guard(device_);
+  stream_wait_compute();
+  void* data = tensor.data_ptr();
+  XF_NCCL_CHECK_ASYNC(*this,
+                      ncclAllReduce(data, data, static_cast<size_t>(tensor.numel()), dtype,
+                                    nccl_reduce_op(op), comm_, stream_),
+                      what);
+  complete({tensor}, what);
+  count("all_reduce", bytes, seconds_since(start));
+}
+
+at::Tensor NcclCommunicator::gather_flat(const at::Tensor& tensor, const std::string& what) {
+  const ncclDataType_t dtype = nccl_dtype(tensor.scalar_type(), what);
+  DeviceGuard guard(device_);
+  at::Tensor out = at::empty({size() * tensor.numel()}, tensor.options());  // [size * numel]
+  stream_wait_compute();
+  XF_NCCL_CHECK_ASYNC(*this,
+                      ncclAllGather(tensor.data_ptr(), out.data_ptr(),
+                                    static_cast<size_t>(tensor.numel()), dtype, comm_, stream_),
+                      what);
+  complete({tensor, out}, what);
+  return out;
+}
+
+at::Tensor NcclCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
+  const Clock::time_point start = Clock::now();
+  const int64_t input_bytes = tensor.defined() ? nbytes(tensor) : 0;
+  const int64_t bytes = input_bytes * (size() - 1);  // this rank's input, to every other member
+  const std::string what = describe("all_gather", input_bytes);
+  XF_CONTEXT(what);
+  check_usable(what);
+  check_tensor(tensor, what);
+  XF_CHECK(tensor.dim() >= 1, what, ": cannot gather a 0-dim tensor along dim ", dim);
+  XF_CHECK(dim >= -tensor.dim() && dim < tensor.dim(), what, ": dim ", dim,
+           " is out of range for shape ", tensor.sizes());
+  if (dim < 0) dim += tensor.dim();
+  at::Tensor flat = gather_flat(tensor, what);  // [size * numel]
+  std::vector<int64_t> stacked{size()};         // [size, *shape]
+  stacked.insert(stacked.end(), tensor.sizes().begin(), tensor.sizes().end());
+  at::Tensor parts = flat.view(stacked);
+  at::Tensor out;
+  if (dim == 0) {
+    std::vector<int64_t> shape = tensor.sizes().vec();  // [size * s0, s1, ...]
+    shape[0] *= size();
+    out = flat.view(shape);
+  } else {
+    out = at::cat(parts.unbind(0), dim);  // on the compute stream, ordered after the gather
+  }
+  count("all_gather", bytes, seconds_since(start));
+  return out;
+}
+
+at::Tensor NcclCommunicator::all_to_all(const at::Tensor& input) {
+  const Clock::time_point start = Clock::now();
+  const int64_t total = input.defined() ? nbytes(input) : 0;
+  const int64_t chunk_bytes = total / size();
+  const int64_t bytes = chunk_bytes * (size() - 1);  // sent to the other ranks
+  const std::string what = describe("all_to_all", bytes);
+  XF_CONTEXT(what);
+  check_usable(what);
+  check_tensor(input, what);
+  XF_CHECK(input.dim() >= 1 && input.size(0) % size() == 0, what, ": dim 0 of shape ",
+           input.sizes(), " does not split into ", size(), " equal chunks");
+  const ncclDataType_t dtype = nccl_dtype(input.scalar_type(), what);
+  DeviceGuard guard(device_);
+  at::Tensor output = at::empty_like(input);  // same shape: chunk j from rank j
+  const size_t count_per_peer = static_cast<size_t>(input.numel() / size());
+  const auto* in = static_cast<const char*>(input.data_ptr());
+  auto* out = static_cast<char*>(output.data_ptr());
+  stream_wait_compute();
+  XF_NCCL_CHECK(ncclGroupStart());
+  for (int peer = 0; peer < size(); ++peer) {
+    XF_NCCL_CHECK_ASYNC(
+        *this, ncclSend(in + peer * chunk_bytes, count_per_peer, dtype, peer, comm_, stream_),
+        what);
+    XF_NCCL_CHECK_ASYNC(
+        *this, ncclRecv(out + peer * chunk_bytes, count_per_peer, dtype, peer, comm_, stream_),
+        what);
+  }
+  XF_NCCL_CHECK_ASYNC(*this, ncclGroupEnd(), what);
+  complete({input, output}, what);
+  count("all_to_all", bytes, seconds_since(start));
+  return output;
+}
+
+void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
+  const Clock::time_point start = Clock::now();
+  const int64_t size_bytes = tensor.defined() ? nbytes(tensor) : 0;
+  const int64_t bytes = rank_ == root ? size_bytes : 0;
+  const std::string what = describe("broadcast", size_bytes) + " from root " + std::to_string(root);
+  XF_CONTEXT(what);
+  check_usable(what);
+  check_tensor(tensor, what);
+  check_peer(root, what);
+  const ncclDataType_t dtype = nccl_dtype(tensor.scalar_type(), what);
+  DeviceGuard guard(device_);
+  stream_wait_compute();
+  void* data = tensor.data_ptr();
+  XF_NCCL_CHECK_ASYNC(
+      *this,
+      ncclBroadcast(data, data, static_cast<size_t>(tensor.numel()), dtype, root, comm_, stream_),
+      what);
+  complete({tensor}, what);
+  count("broadcast", bytes, seconds_since(start));
+}
+
+std::unique_ptr<NcclWork> NcclCommunicator::point_to_point(bool is_send, const at::Tensor& tensor,
+                                                           int peer, const std::string& what) {
+  const Clock::time_point start = Clock::now();
+  check_usable(what);
+  check_tensor(tensor, what);
+  check_peer(peer, what);
+  const ncclDataType_t dtype = nccl_dtype(tensor.scalar_type(), what);
+  DeviceGuard guard(device_);
+  stream_wait_compute();
+  const size_t elements = static_cast<size_t>(tensor.numel());
+  if (is_send) {
+    XF_NCCL_CHECK_ASYNC(*this, ncclSend(tensor.data_ptr(), elements, dtype, peer, comm_, stream_),
+                        what);
+  } else {
+    XF_NCCL_CHECK_ASYNC(*this, ncclRecv(tensor.data_ptr(), elements, dtype, peer, comm_, stream_),
+                        what);
+  }
+  return std::make_unique<NcclWork>(*this, std::vector<at::Tensor>{tensor}, what,
+                                    is_send ? "send" : "recv", is_send ? nbytes(tensor) : 0, start);
+}
+
+// NCCL has no tags: messages between two ranks match in the order they are issued.
+void NcclCommunicator::send(const at::Tensor& tensor, int dst, Tag) {
+  const std::string what = describe("send", tensor.defined() ? nbytes(tensor) : 0, dst);
+  XF_CONTEXT(what);
+  point_to_point(true, tensor, dst, what)->wait();
+}
+
+void NcclCommunicator::recv(at::Tensor& tensor, int src, Tag) {
+  const std::string what = describe("recv", tensor.defined() ? nbytes(tensor) : 0, src);
+  XF_CONTEXT(what);
+  point_to_point(false, tensor, src, what)->wait();
+}
+
+std::unique_ptr<Work> NcclCommunicator::isend(const at::Tensor& tensor, int dst, Tag) {
+  const std::string what = describe("isend", tensor.defined() ? nbytes(tensor) : 0, dst);
+  XF_CONTEXT(what);
+  return point_to_point(true, tensor, dst, what);
+}
+
+std::unique_ptr<Work> NcclCommunicator::irecv(at::Tensor& tensor, int src, Tag) {
+  const std::string what = describe("irecv", tensor.defined() ? nbytes(tensor) : 0, src);
+  XF_CONTEXT(what);
+  return point_to_point(false, tensor, src, what);
+}
+
+void NcclCommunicator::barrier() {
+  const Clock::time_point start = Clock::now();
+  const std::string what = describe("barrier", 4);
+  XF_CONTEXT(what);
+  check_usable(what);
+  DeviceGuard guard(device_);
+  if (!barrier_buffer_.defined()) {
+    barrier_buffer_ =
+        at::zeros({1}, at::TensorOptions()
+                           .dtype(at::kFloat)
+                           .device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_))));
+  }
+  stream_wait_compute();
+  void* data = barrier_buffer_.data_ptr();
+  XF_NCCL_CHECK_ASYNC(*this, ncclAllReduce(data, data, 1, ncclFloat32, ncclSum, comm_, stream_),
+                      what);
+  complete({barrier_buffer_}, what);
+  count("barrier", 0, seconds_since(start));
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
+  const std::string what = "nccl split of group '" + name_ + "' into '" + name + "' (color " +
+                           std::to_string(color) + ", key " + std::to_string(key) + ")";
+  XF_CONTEXT(what);
+  check_usable(what);
+  XF_CHECK(color >= 0, what, ": color must be >= 0");
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(device_));
+
+  // Every member's (color, key): [size * 2], in parent rank order.
+  at::Tensor mine = at::empty({2}, at::kLong);
+  mine.data_ptr<int64_t>()[0] = color;
+  mine.data_ptr<int64_t>()[1] = key;
+  const at::Tensor all = gather_flat(mine.to(device), what).cpu();
+  const int64_t* ck = all.data_ptr<int64_t>();
+  std::vector<std::tuple<int64_t, int>> members;  // (key, parent rank), same color
+  for (int r = 0; r < size(); ++r) {
+    if (ck[2 * r] == color) members.emplace_back(ck[2 * r + 1], r);
+  }
+  std::sort(members.begin(), members.end());
+  std::vector<int> world_ranks;
+  int new_rank = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const int parent_rank = std::get<1>(members[i]);
+    world_ranks.push_back(world_ranks_[parent_rank]);
+    if (parent_rank == rank_) new_rank = static_cast<int>(i);
+  }
+  XF_CHECK(new_rank >= 0, what, ": this rank is missing from its own color group");
+
+  ncclComm_t child = nullptr;
+  DeviceGuard guard(device_);
+#if XFUSER_NCCL_HAS_SPLIT
+  ncclConfig_t config = nonblocking_config();
+  const ncclResult_t result = ncclCommSplit(comm_, color, key, &child, &config);
+  child = await_new_comm(child, result, "NCCL call `ncclCommSplit`", timeout_, deadline, what);
+#else
+  // No ncclCommSplit: the first member of each color creates a unique id, and every member
+  // learns its leader's id over this (parent) communicator.
+  at::Tensor id_bytes = at::zeros({static_cast<int64_t>(sizeof(ncclUniqueId))}, at::kByte);
+  if (new_rank == 0) {
+    ncclUniqueId id;
+    XF_NCCL_CHECK(ncclGetUniqueId(&id));
+    std::memcpy(id_bytes.data_ptr(), &id, sizeof(id));
+  }
+  const at::Tensor ids = gather_flat(id_bytes.to(device), what).cpu();  // [size * 128]
+  const int leader = std::get<1>(members.front());
+  ncclUniqueId id;
+  std::memcpy(&id, ids.data_ptr<uint8_t>() + leader * sizeof(ncclUniqueId), sizeof(id));
+  const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::max(deadline - Clock::now(), Clock::duration::zero()));
+  child = init_comm(static_cast<int>(members.size()), id, new_rank, remaining, what);
+#endif
+  return std::make_unique<NcclCommunicator>(child, device_, name, timeout_, new_rank,
+                                            std::move(world_ranks));
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
+                                                     const std::string& name,
+                                                     std::chrono::milliseconds timeout) {
+  const std::string what = "creating NCCL communicator '" + name + "' over " + bootstrap.backend() +
+                           " group '" + bootstrap.name() + "' (" +
+                           std::to_string(bootstrap.size()) + " ranks)";
+  XF_CONTEXT(what);
+  nccl_probe();  // before anything: no GPU is a clear error, not a crash
+  XF_CHECK(at::hasCUDA(),
+           "the NCCL backend needs a libtorch built with CUDA; this one is CPU-only");
+  XF_CHECK(timeout.count() > 0, "NCCL communicator '", name, "': timeout must be > 0 ms, got ",
+           timeout.count());
+  int device = 0;
+  XF_CUDA_CHECK(cudaGetDevice(&device));
+
+  // Group rank 0 creates the unique id; the others receive its bytes over the bootstrap group.
+  at::Tensor id_bytes = at::zeros({static_cast<int64_t>(sizeof(ncclUniqueId))}, at::kByte);
+  ncclUniqueId id;
+  if (bootstrap.rank() == 0) {
+    XF_NCCL_CHECK(ncclGetUniqueId(&id));
+    std::memcpy(id_bytes.data_ptr(), &id, sizeof(id));
+  }
+  bootstrap.broadcast(id_bytes, 0);
+  std::memcpy(&id, id_bytes.data_ptr(), sizeof(id));
+
+  ncclComm_t comm = init_comm(bootstrap.size(), id, bootstrap.rank(), timeout, what);
+  return std::make_unique<NcclCommunicator>(comm, device, name, timeout, bootstrap.rank(),
+                                            bootstrap.world_ranks());
 }
 
 }  // namespace xfuser::parallel
