@@ -65,6 +65,7 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
   XF_CHECK(state->images.defined() && state->images.dim() == 4, spec_.id,
            ": decode() produced no images");
   out.images = state->images;
+  out.latents = state->latents;
   out.total_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return out;
 }

@@ -24,6 +24,10 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+namespace xfuser::parallel {
+class ProcessGroups;
+}
+
 namespace xfuser::models {
 
 struct ModelSpec;
@@ -48,7 +52,8 @@ struct StageTiming {
 };
 
 struct GenerationOutput {
-  at::Tensor images;  // uint8 [B, H, W, 3]
+  at::Tensor images;   // uint8 [B, H, W, 3]
+  at::Tensor latents;  // the final latents before decoding (model layout), for checks
   std::vector<StageTiming> timings;
   double total_seconds = 0.0;
 };
@@ -76,6 +81,13 @@ class XFuserModel {
   // Runs the stages in order, timing each; the request must be fully resolved.
   GenerationOutput generate(const GenerationRequest& request);
 
+  // The process groups of a parallel run (null: one rank). Set before generate(); the model
+  // splits its work over them (sequence parallel attention, CFG branches, ...).
+  void set_process_groups(std::shared_ptr<parallel::ProcessGroups> groups) {
+    groups_ = std::move(groups);
+  }
+  const std::shared_ptr<parallel::ProcessGroups>& process_groups() const { return groups_; }
+
   // Called after every denoising step (progress display, cancellation): (step, total).
   void set_step_callback(std::function<void(int, int)> callback) {
     step_callback_ = std::move(callback);
@@ -86,7 +98,8 @@ class XFuserModel {
   struct State {
     virtual ~State() = default;
     GenerationRequest request;
-    at::Tensor images;  // uint8 [B, H, W, 3], set by decode()
+    at::Tensor images;   // uint8 [B, H, W, 3], set by decode()
+    at::Tensor latents;  // final latents, set by decode()
   };
 
   virtual void load_components(const std::filesystem::path& pipeline_dir,
@@ -104,6 +117,7 @@ class XFuserModel {
   bool loaded_ = false;
   ModelLoadOptions load_options_;
   std::function<void(int, int)> step_callback_;
+  std::shared_ptr<parallel::ProcessGroups> groups_;
 };
 
 }  // namespace xfuser::models

@@ -20,16 +20,13 @@ const std::set<std::string>& not_yet_supported() {
                                               "--input_images",
                                               "--num_frames",
                                               "--task",
-                                              "--use_cfg_parallel",
                                               "--use_parallel_vae",
                                               "--num_pipeline_patch",
                                               "--profile",
                                               "--dataset_path",
                                               "--batch_size",
                                               "--resume",
-                                              "--use_torch_compile",
-                                              "--enable_tiling",
-                                              "--enable_slicing"};
+                                              "--use_torch_compile"};
   return flags;
 }
 

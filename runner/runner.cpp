@@ -15,6 +15,7 @@
 #include "models/flux/tiny_flux.h"
 #include "models/registry.h"
 #include "models/weights/hub_cache.h"
+#include "parallel/process_groups.h"
 #include "runner/outputs.h"
 
 namespace xfuser::runner {
@@ -64,7 +65,8 @@ c10::ScalarType default_cpu_dtype() {
   return t;
 }
 
-Runner::Runner(RunConfig config) : config_(std::move(config)) {}
+Runner::Runner(RunConfig config, std::shared_ptr<parallel::ProcessGroups> groups)
+    : config_(std::move(config)), groups_(std::move(groups)) {}
 Runner::~Runner() = default;
 
 ResolvedArgs Runner::preprocess_args() const {
@@ -86,14 +88,18 @@ ResolvedArgs Runner::preprocess_args() const {
   require(c.max_sequence_length.has_value(), "--max_sequence_length");
   require(c.enable_tiling, "--enable_tiling");
   require(c.enable_slicing, "--enable_slicing");
-  const int degrees[] = {c.ulysses_degree, c.ring_degree, c.pipefusion_parallel_degree,
-                         c.tensor_parallel_degree, c.data_parallel_degree};
-  const char* degree_flags[] = {"--ulysses_degree", "--ring_degree", "--pipefusion_parallel_degree",
-                                "--tensor_parallel_degree", "--data_parallel_degree"};
-  for (int i = 0; i < 5; ++i) {
-    XF_CHECK(degrees[i] == 1, degree_flags[i], " ", degrees[i],
-             ": parallel execution is not supported yet (this build runs one rank)");
-  }
+  // Parallel strategies the model does not support are errors naming the flag and the model.
+  const auto& par = spec.parallelism;
+  auto require_par = [&](bool used, bool supported, const std::string& flag) {
+    XF_CHECK(!used || supported, flag, " is not supported by model ", spec.id);
+  };
+  require_par(c.ulysses_degree > 1, par.ulysses, "--ulysses_degree");
+  require_par(c.ring_degree > 1, par.ring, "--ring_degree");
+  require_par(c.pipefusion_parallel_degree > 1, par.pipefusion, "--pipefusion_parallel_degree");
+  require_par(c.tensor_parallel_degree > 1, par.tensor_parallel, "--tensor_parallel_degree");
+  require_par(c.data_parallel_degree > 1, par.data_parallel, "--data_parallel_degree");
+  require_par(c.use_cfg_parallel, par.cfg_parallel, "--use_cfg_parallel");
+  require_par(c.use_parallel_vae, par.parallel_vae, "--use_parallel_vae");
 
   XF_CHECK(!c.prompt.empty(), "--prompt is required");
   for (size_t i = 0; i < c.prompt.size(); ++i) {
@@ -115,11 +121,20 @@ ResolvedArgs Runner::preprocess_args() const {
   args.dtype = parse_dtype(c.dtype);
 
   auto& r = args.request;
-  r.prompts = c.prompt;
+  std::vector<std::string> negatives;
   if (!c.negative_prompt.empty()) {
-    r.negative_prompts = c.negative_prompt.size() == 1
-                             ? std::vector<std::string>(c.prompt.size(), c.negative_prompt[0])
-                             : c.negative_prompt;
+    negatives = c.negative_prompt.size() == 1
+                    ? std::vector<std::string>(c.prompt.size(), c.negative_prompt[0])
+                    : c.negative_prompt;
+  }
+  // Data parallel: prompts strided over the dp groups (prompts[dp_rank::dp], as xDiT); each
+  // keeps its global index for its file name, so the union equals a one-rank run.
+  const int dp = groups_ ? groups_->config().dp() : 1;
+  const int dp_rank = groups_ ? groups_->coords().dp : 0;
+  for (size_t i = dp_rank; i < c.prompt.size(); i += dp) {
+    r.prompts.push_back(c.prompt[i]);
+    if (!negatives.empty()) r.negative_prompts.push_back(negatives[i]);
+    args.prompt_indices.push_back(static_cast<int64_t>(i));
   }
   r.height = *c.height;
   r.width = *c.width;
@@ -127,7 +142,7 @@ ResolvedArgs Runner::preprocess_args() const {
   r.guidance_scale = *c.guidance_scale;
   r.true_cfg_scale = *c.true_cfg_scale;
   r.max_sequence_length = *c.max_sequence_length;
-  r.seeds.assign(c.prompt.size(), c.seed);
+  r.seeds.assign(r.prompts.size(), c.seed);
   return args;
 }
 
@@ -146,6 +161,7 @@ void Runner::initialize(const ResolvedArgs& args) {
   models::check_pipeline_folder(model_dir_);
   spdlog::info("loading {} from {} ({})", spec.id, model_dir_.string(), args.config.dtype);
   model_ = spec.create(spec);
+  model_->set_process_groups(groups_);
   models::ModelLoadOptions options;
   options.dtype = args.dtype;
   options.enable_tiling = args.config.enable_tiling;
@@ -163,6 +179,11 @@ void Runner::initialize(const ResolvedArgs& args) {
 RunResult Runner::run(const ResolvedArgs& args) {
   XF_CHECK(model_ != nullptr, "Runner::run called before initialize");
   RunResult result;
+  if (args.request.prompts.empty()) {
+    // More data-parallel groups than prompts: this group has nothing to generate.
+    spdlog::info("no prompt for this data-parallel group");
+    return result;
+  }
   for (int i = 0; i < args.config.warmup_calls; ++i) {
     spdlog::info("warm-up call {}/{}", i + 1, args.config.warmup_calls);
     model_->generate(args.request);
@@ -181,7 +202,8 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
   const RunConfig& c = args.config;
   const fs::path dir = c.output_directory;
   std::vector<fs::path> written;
-  for (int64_t i = 0; i < result.images.size(0); ++i) {
+  const int64_t images = writes_images() && result.images.defined() ? result.images.size(0) : 0;
+  for (int64_t i = 0; i < images; ++i) {
     std::map<std::string, std::string> text = {
         {"Software", "xfuser"},
         {"model", args.spec->id},
@@ -200,16 +222,29 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
       text["negative_prompt"] = args.request.negative_prompts[i];
       text["true_cfg_scale"] = format_double(args.request.true_cfg_scale);
     }
-    const fs::path path =
-        dir / output_file_name(args.spec->id, c.ulysses_degree, c.ring_degree, c.use_torch_compile,
-                               args.request.height, args.request.width, i, "png");
+    const fs::path path = dir / output_file_name(args.spec->id, c.ulysses_degree, c.ring_degree,
+                                                 c.use_torch_compile, args.request.height,
+                                                 args.request.width, args.prompt_indices[i], "png");
     write_png(path, result.images[i], text);
     written.push_back(path);
   }
-  nlohmann::json timings = result.iteration_seconds;
-  write_file_atomic(dir / "timings.json", timings.dump() + "\n");
-  written.push_back(dir / "timings.json");
+  if (writes_timings()) {
+    nlohmann::json timings = result.iteration_seconds;
+    write_file_atomic(dir / "timings.json", timings.dump() + "\n");
+    written.push_back(dir / "timings.json");
+  }
   return written;
+}
+
+bool Runner::writes_images() const {
+  if (!groups_) return true;
+  const auto& w = groups_->config();
+  const auto& r = groups_->coords();
+  return r.tp == w.tp() - 1 && r.sp == w.sp() - 1 && r.pp == w.pp() - 1 && r.cfg == w.cfg() - 1;
+}
+
+bool Runner::writes_timings() const {
+  return !groups_ || groups_->rank() == groups_->config().world_size() - 1;
 }
 
 void Runner::cleanup() { model_.reset(); }

@@ -19,6 +19,9 @@
 namespace xfuser::models {
 struct ModelSpec;
 }
+namespace xfuser::parallel {
+class ProcessGroups;
+}
 
 namespace xfuser::runner {
 
@@ -26,7 +29,8 @@ namespace xfuser::runner {
 struct ResolvedArgs {
   RunConfig config;                         // every optional filled in
   const models::ModelSpec* spec = nullptr;  // the registry entry
-  models::GenerationRequest request;
+  models::GenerationRequest request;        // this data-parallel group's prompts
+  std::vector<int64_t> prompt_indices;      // their global indices (output file names)
   c10::ScalarType dtype = c10::kFloat;
 };
 
@@ -38,7 +42,8 @@ struct RunResult {
 
 class Runner {
  public:
-  explicit Runner(RunConfig config);
+  // `groups`: the process-group mesh of a parallel run (null: one rank).
+  explicit Runner(RunConfig config, std::shared_ptr<parallel::ProcessGroups> groups = nullptr);
   ~Runner();
 
   // Resolves the model, applies its defaults, and checks every flag against its capabilities:
@@ -50,6 +55,8 @@ class Runner {
   // warmup_calls untimed generations, then num_iterations timed ones.
   RunResult run(const ResolvedArgs& args);
   // Writes the images (xDiT's names, parameters as PNG text) and timings.json, atomically.
+  // Under parallelism the last rank of each model replica writes its prompts' images (no pixels
+  // travel between replicas) and the last world rank writes timings.json, as xDiT.
   std::vector<std::filesystem::path> save(const ResolvedArgs& args, const RunResult& result);
   void cleanup();
 
@@ -57,7 +64,11 @@ class Runner {
   const std::filesystem::path& model_dir() const { return model_dir_; }
 
  private:
+  bool writes_images() const;
+  bool writes_timings() const;
+
   RunConfig config_;
+  std::shared_ptr<parallel::ProcessGroups> groups_;
   std::unique_ptr<models::XFuserModel> model_;
   std::filesystem::path model_dir_;
 };

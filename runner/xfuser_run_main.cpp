@@ -9,7 +9,10 @@
 #include "backends/logging.h"
 #include "backends/threads.h"
 #include "models/registry.h"
+#include "parallel/mpi_communicator.h"
 #include "parallel/mpi_env.h"
+#include "parallel/process_groups.h"
+#include "parallel/world_config.h"
 #include "runner/run_config.h"
 #include "runner/runner.h"
 
@@ -31,18 +34,21 @@ int main(int argc, char** argv) {
     init_logging(mpi.rank(), config.log_level);
     auto unsupported = runner::unsupported_flags_used(app);
     XF_CHECK(unsupported.empty(), unsupported.front(), " is not supported yet");
-    // Parallel degrees must multiply to the world size; this build runs one rank.
-    const int product = config.ulysses_degree * config.ring_degree *
-                        config.pipefusion_parallel_degree * config.tensor_parallel_degree *
-                        config.data_parallel_degree * (config.use_cfg_parallel ? 2 : 1);
-    XF_CHECK(product == world_size, "the parallel degrees multiply to ", product, " (ulysses ",
-             config.ulysses_degree, " x ring ", config.ring_degree, " x pipefusion ",
-             config.pipefusion_parallel_degree, " x tensor ", config.tensor_parallel_degree,
-             " x data ", config.data_parallel_degree, " x cfg ", config.use_cfg_parallel ? 2 : 1,
-             ") but mpirun started ", world_size, " ranks");
+    // The degrees must multiply to the world size (the error names every degree).
+    const auto world_config = parallel::WorldConfig::from_degrees(
+        world_size, config.data_parallel_degree, config.use_cfg_parallel ? 2 : 1,
+        config.pipefusion_parallel_degree, config.ulysses_degree, config.ring_degree,
+        config.tensor_parallel_degree);
+    std::shared_ptr<parallel::ProcessGroups> groups;
+    if (world_size > 1) {
+      const auto timeout =
+          std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout * 1000));
+      auto world = std::make_shared<parallel::MpiCommunicator>("world", timeout);
+      groups = std::make_shared<parallel::ProcessGroups>(world_config, world);
+    }
     const int threads = configure_threads(mpi.local_size());
 
-    runner::Runner runner(config);
+    runner::Runner runner(config, groups);
     auto args = runner.preprocess_args();
     if (mpi.rank() == 0) {
       spdlog::info("model {} | {}x{} | {} steps | guidance {} | seed {} | dtype {} | {} thread(s)",

@@ -1,4 +1,6 @@
 // xfuser-run end to end on the embedded tiny model: files, naming, determinism, bad inputs.
+#include <unistd.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -116,7 +118,7 @@ TEST_F(XfuserRun, BadInputsFailBeforeComputeWithANamedError) {
       {"--model tiny-flux --prompt x --output_directory /proc/xfuser-out",
        "--output_directory /proc/xfuser-out"},
       {"--model tiny-flux --prompt x --use_fsdp" + o, "--use_fsdp is not supported yet"},
-      {"--model tiny-flux --prompt x --ulysses_degree 2" + o, "the parallel degrees multiply to 2"},
+      {"--model tiny-flux --prompt x --ulysses_degree 2" + o, "but the world size is 1"},
       {"--model tiny-flux" + o, "--prompt is required"},
       {"--model tiny-flux --prompt x --guidance_scale inf" + o,
        "--guidance_scale must be a finite number"},
@@ -179,3 +181,83 @@ TEST_F(XfuserRun, MissingTokenizerFileIsNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+// mpirun with the flags these machines need (oversubscribed 2 cores; root in containers).
+std::string mpirun(int np) {
+  std::string cmd = "timeout 240 mpirun -np " + std::to_string(np) + " --oversubscribe";
+  if (geteuid() == 0) cmd += " --allow-run-as-root";
+  return cmd + " -x XFUSER_CACHE -x OMP_NUM_THREADS=1 ";
+}
+
+int max_pixel_diff(const fs::path& a, const fs::path& b) {
+  at::Tensor x = xfuser::runner::read_png(a).to(at::kInt);
+  at::Tensor y = xfuser::runner::read_png(b).to(at::kInt);
+  if (x.sizes() != y.sizes()) return 1000;
+  return (x - y).abs().max().item<int>();
+}
+
+}  // namespace
+
+TEST_F(XfuserRun, UnderMpirunEveryStrategyWritesTheSerialImages) {
+  setenv("XFUSER_CACHE", cache_->path().c_str(), 1);
+  const std::string bin = (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string();
+  const std::string common =
+      " --model tiny-flux --prompt 'a cat' --prompt 'an owl at night' --prompt 'a red car' "
+      "--height 64 --width 48 --num_inference_steps 2 --dtype fp32 --max_sequence_length 8 "
+      "--negative_prompt blurry --true_cfg_scale 3";
+  xfuser::testing::TempDir serial;
+  std::string log;
+  ASSERT_EQ(run(common + " --output_directory " + serial.path().string(), &log), 0) << log;
+  struct Case {
+    int np;
+    std::string flags;
+    std::string tag;  // u/r part of the file names
+  };
+  for (const Case& c : {Case{2, "--ulysses_degree 2", "u2r1"}, Case{2, "--ring_degree 2", "u1r2"},
+                        Case{2, "--use_cfg_parallel", "u1r1"},
+                        Case{4, "--data_parallel_degree 2 --ulysses_degree 2", "u2r1"},
+                        Case{4, "--use_cfg_parallel --ring_degree 2", "u1r2"}}) {
+    xfuser::testing::TempDir out;
+    ASSERT_EQ(xfuser::testing::run_command(mpirun(c.np) + bin + common + " " + c.flags +
+                                               " --output_directory " + out.path().string(),
+                                           &log),
+              0)
+        << c.flags << "\n"
+        << log;
+    for (int i = 0; i < 3; ++i) {
+      const std::string suffix = "_64x48_" + std::to_string(i) + ".png";
+      const fs::path got = out / ("tiny-flux_" + c.tag + "_tc_False" + suffix);
+      ASSERT_TRUE(fs::exists(got)) << c.flags << " " << got << "\n" << log;
+      EXPECT_LE(max_pixel_diff(got, serial / ("tiny-flux_u1r1_tc_False" + suffix)), 1)
+          << c.flags << " prompt " << i;
+    }
+    EXPECT_TRUE(fs::exists(out / "timings.json")) << c.flags;
+  }
+}
+
+TEST_F(XfuserRun, UnderMpirunABadLayoutFailsOnEveryRank) {
+  setenv("XFUSER_CACHE", cache_->path().c_str(), 1);
+  const std::string bin = (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string();
+  xfuser::testing::TempDir out;
+  std::string log;
+  int code = xfuser::testing::run_command(
+      mpirun(2) + bin + " --model tiny-flux --prompt x --ulysses_degree 4 --output_directory " +
+          out.path().string(),
+      &log);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(code, 124) << "timed out: " << log;  // `timeout` exit code: a hang
+  EXPECT_NE(log.find("ulysses 4"), std::string::npos) << log;
+  EXPECT_NE(log.find("world size is 2"), std::string::npos) << log;
+  // CFG parallel without a negative prompt: named, every rank ends.
+  code = xfuser::testing::run_command(
+      mpirun(2) + bin +
+          " --model tiny-flux --prompt x --height 32 --width 32 --use_cfg_parallel "
+          "--output_directory " +
+          out.path().string(),
+      &log);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(code, 124) << "timed out: " << log;
+  EXPECT_NE(log.find("--use_cfg_parallel needs true CFG"), std::string::npos) << log;
+}

@@ -12,6 +12,9 @@
 #include "models/tokenizers/tokenizer.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/weights/component_folder.h"
+#include "parallel/process_groups.h"
+#include "parallel/sequence_shard.h"
+#include "parallel/usp_attention.h"
 
 namespace xfuser::models::flux {
 namespace fs = std::filesystem;
@@ -122,6 +125,10 @@ std::unique_ptr<XFuserModel::State> FluxModel::begin(const GenerationRequest& re
   auto state = std::make_unique<FluxState>();
   state->request = request;
   state->do_true_cfg = request.true_cfg_scale > 1.0 && !request.negative_prompts.empty();
+  const auto& groups = process_groups();
+  XF_CHECK(!groups || groups->config().cfg() == 1 || state->do_true_cfg,
+           "--use_cfg_parallel needs true CFG: give --negative_prompt and --true_cfg_scale > 1 ",
+           "(FLUX.1's --guidance_scale is distilled guidance, one forward per step)");
   state->scheduler = std::make_unique<schedulers::FlowMatchEulerDiscreteScheduler>(
       schedulers::FlowMatchEulerConfig::from_file(scheduler_config_));
   return state;
@@ -193,6 +200,38 @@ int FluxModel::num_steps(const State& base) const {
   return static_cast<int>(static_cast<const FluxState&>(base).scheduler->num_inference_steps());
 }
 
+at::Tensor FluxModel::transformer_forward(const FluxInputs& full) {
+  const auto& groups = process_groups();
+  if (!groups || groups->config().sp() == 1) return transformer_->forward(full);
+  // Sequence parallel: this rank keeps image chunk r (padded to equal chunks) and either text
+  // chunk r (when the text length divides) or the whole text; USP attention makes every
+  // attention exact over the global sequence; the output chunks are gathered back.
+  const int parts = groups->config().sp();
+  const int rank = groups->coords().sp;
+  parallel::SequenceShard image(full.hidden_states.size(1), parts);
+  const int64_t text_len = full.encoder_hidden_states.size(1);
+  const parallel::TextMode mode = parallel::choose_text_mode(text_len, parts);
+  FluxInputs in = full;
+  in.hidden_states = image.shard(full.hidden_states, 1, rank);
+  in.img_ids = image.shard(full.img_ids, 0, rank);
+  if (mode == parallel::TextMode::kSplit) {
+    parallel::SequenceShard text(text_len, parts);
+    in.encoder_hidden_states = text.shard(full.encoder_hidden_states, 1, rank);
+    in.txt_ids = text.shard(full.txt_ids, 0, rank);
+  }
+  parallel::UspAttention usp(groups->ulysses(), groups->ring(), mode, image.valid_counts());
+  struct HookGuard {
+    FluxTransformer2DModel& model;
+    ~HookGuard() { model.set_attention_hook({}); }
+  } guard{*transformer_};
+  transformer_->set_attention_hook([&usp](const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const AttentionCall& call) {
+    return usp.attention(q, k, v, call.text_tokens, call.text_first, call.mask);
+  });
+  at::Tensor local = transformer_->forward(in);  // [B, chunk, C]
+  return image.gather(local.contiguous(), 1, groups->sp());
+}
+
 void FluxModel::denoise_step(State& base, int index) {
   auto& s = static_cast<FluxState&>(base);
   const int64_t b = s.latents.size(0);
@@ -207,12 +246,28 @@ void FluxModel::denoise_step(State& base, int index) {
   in.img_ids = s.image_ids;
   in.txt_ids = s.text_ids;
   in.guidance = s.guidance;
-  at::Tensor noise_pred = transformer_->forward(in);
-  if (s.do_true_cfg) {
-    in.encoder_hidden_states = s.negative_prompt_embeds;
-    in.pooled_projections = s.negative_pooled_prompt_embeds;
-    at::Tensor neg = transformer_->forward(in);
-    noise_pred = neg + s.request.true_cfg_scale * (noise_pred - neg);
+  at::Tensor noise_pred;
+  const auto& groups = process_groups();
+  if (s.do_true_cfg && groups && groups->config().cfg() == 2) {
+    // CFG parallel: cfg rank 0 runs the negative branch, rank 1 the positive one; every rank
+    // combines the gathered predictions and steps the scheduler identically.
+    if (groups->coords().cfg == 0) {
+      in.encoder_hidden_states = s.negative_prompt_embeds;
+      in.pooled_projections = s.negative_pooled_prompt_embeds;
+    }
+    at::Tensor mine = transformer_forward(in).contiguous();
+    at::Tensor both = groups->cfg().all_gather(mine, 0);  // [neg; pos]
+    at::Tensor neg = both.narrow(0, 0, b);
+    at::Tensor pos = both.narrow(0, b, b);
+    noise_pred = neg + s.request.true_cfg_scale * (pos - neg);
+  } else {
+    noise_pred = transformer_forward(in);
+    if (s.do_true_cfg) {
+      in.encoder_hidden_states = s.negative_prompt_embeds;
+      in.pooled_projections = s.negative_pooled_prompt_embeds;
+      at::Tensor neg = transformer_forward(in);
+      noise_pred = neg + s.request.true_cfg_scale * (noise_pred - neg);
+    }
   }
   const auto latents_dtype = s.latents.scalar_type();
   s.latents = s.scheduler->step(noise_pred, index, s.latents).to(latents_dtype);
@@ -220,6 +275,7 @@ void FluxModel::denoise_step(State& base, int index) {
 
 void FluxModel::decode(State& base) {
   auto& s = static_cast<FluxState&>(base);
+  s.State::latents = s.latents;
   at::Tensor latents = unpack_latents(s.latents, s.latent_h, s.latent_w);
   const auto& cfg = vae_->config();
   latents = latents / cfg.scaling_factor + cfg.shift_factor.value_or(0.0);
@@ -243,6 +299,10 @@ std::vector<ModelSpec> model_specs() {
   dev.task = Task::kTextToImage;
   dev.defaults = {1024, 1024, 50, 3.5, 512, 0};
   dev.options = options;
+  dev.parallelism.ulysses = true;
+  dev.parallelism.ring = true;
+  dev.parallelism.cfg_parallel = true;
+  dev.parallelism.data_parallel = true;
   dev.maturity = "stable";
   dev.description = "FLUX.1 [dev], 12B rectified-flow transformer, distilled guidance";
   dev.create = create;

@@ -28,6 +28,7 @@ class AutoencoderKL;
 namespace xfuser::models::flux {
 
 class FluxTransformer2DModel;
+struct FluxInputs;
 
 class FluxModel : public XFuserModel {
  public:
@@ -55,6 +56,9 @@ class FluxModel : public XFuserModel {
 
  private:
   struct FluxState;
+  // The transformer on the whole (global) inputs; under sequence parallelism each rank computes
+  // its chunk with USP attention and the output is gathered, so the result is the same.
+  at::Tensor transformer_forward(const FluxInputs& in);
   // (T5 last_hidden_state [B, L, 4096], CLIP pooled [B, 768]) for `prompts`.
   std::pair<at::Tensor, at::Tensor> embed_prompts(const std::vector<std::string>& prompts,
                                                   int max_sequence_length) const;
