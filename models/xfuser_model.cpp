@@ -1,5 +1,9 @@
 #include "models/xfuser_model.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -10,6 +14,17 @@ namespace xfuser::models {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// XFUSER_INJECT_FAILURE="RANK:STEP": that rank throws at the start of that denoising step
+// (0-based). For testing that a failing rank ends the whole job.
+std::optional<std::pair<int, int>> injected_failure() {
+  const char* env = std::getenv("XFUSER_INJECT_FAILURE");
+  if (!env || !*env) return std::nullopt;
+  int rank = -1, step = -1;
+  XF_CHECK(std::sscanf(env, "%d:%d", &rank, &step) == 2 && rank >= 0 && step >= 0,
+           "XFUSER_INJECT_FAILURE must be RANK:STEP (got '", env, "')");
+  return std::make_pair(rank, step);
+}
 
 template <typename F>
 double timed(F&& f) {
@@ -53,8 +68,11 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
     out.timings.push_back({"prepare_latents", -1, timed([&] { prepare_latents(*state); })});
   }
   const int steps = num_steps(*state);
+  const auto inject = injected_failure();
   for (int i = 0; i < steps; ++i) {
     XF_CONTEXT("denoising step ", i + 1, "/", steps);
+    XF_CHECK(!(inject && inject->first == process_rank() && inject->second == i),
+             "injected failure (XFUSER_INJECT_FAILURE) on rank ", process_rank(), " at step ", i);
     out.timings.push_back({"denoise_step", i, timed([&] { denoise_step(*state, i); })});
     if (step_callback_) step_callback_(i + 1, steps);
   }

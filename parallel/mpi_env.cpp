@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <exception>
 
 #include "backends/error.h"
 
@@ -30,7 +31,9 @@ MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
 MpiEnvironment::~MpiEnvironment() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (owns_ && !finalized) MPI_Finalize();
+  // While an exception unwinds, main is about to MPI_Abort the job: MPI_Finalize here could wait
+  // forever for ranks that are still inside a collective.
+  if (owns_ && !finalized && std::uncaught_exceptions() == 0) MPI_Finalize();
 }
 
 void MpiEnvironment::abort(int code) {

@@ -8,7 +8,8 @@ class MpiEnvironment {
  public:
   // MPI_Init_thread (MPI_THREAD_FUNNELED) unless MPI is already initialised by the caller.
   MpiEnvironment(int* argc, char*** argv);
-  // MPI_Finalize when this object initialised MPI.
+  // MPI_Finalize when this object initialised MPI, unless an exception is unwinding (then the
+  // caller aborts the job).
   ~MpiEnvironment();
   MpiEnvironment(const MpiEnvironment&) = delete;
   MpiEnvironment& operator=(const MpiEnvironment&) = delete;

@@ -59,6 +59,15 @@ int main(int argc, char** argv) {
     runner.initialize(args);
     auto result = runner.run(args);
     for (const auto& path : runner.save(args, result)) spdlog::info("wrote {}", path.string());
+    if (groups) {
+      // Per-rank communication report: calls, bytes and seconds per group and operation.
+      for (const auto& [group, ops] : groups->stats()) {
+        for (const auto& [op, st] : ops) {
+          spdlog::info("comm {} {}: {} calls, {} bytes, {:.3f} s", group, op, st.calls, st.bytes,
+                       st.seconds);
+        }
+      }
+    }
     runner.cleanup();
   } catch (const xfuser::Error& e) {
     spdlog::error("{}", e.what());

@@ -1,10 +1,13 @@
 // `xfuser`: the tool with subcommands (forward, ...). See docs/tools.md.
+#include <mpi.h>
+
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 
 #include "backends/error.h"
 #include "backends/logging.h"
+#include "parallel/mpi_env.h"
 #include "runner/tool/commands.h"
 
 int main(int argc, char** argv) {
@@ -16,11 +19,16 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const xfuser::Error& e) {
-    std::cerr << "xfuser: error: " << e.what() << std::endl;
-    return 1;
   } catch (const std::exception& e) {
     std::cerr << "xfuser: error: " << e.what() << std::endl;
+    // Under mpirun one failing rank ends the job instead of leaving the others waiting.
+    int initialized = 0, finalized = 0, size = 1;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) {
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+      if (size > 1) xfuser::parallel::MpiEnvironment::abort(1);
+    }
     return 1;
   }
   return 0;

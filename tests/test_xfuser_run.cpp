@@ -1,6 +1,8 @@
 // xfuser-run end to end on the embedded tiny model: files, naming, determinism, bad inputs.
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -8,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "models/weights/safetensors.h"
 #include "runner/outputs.h"
 #include "tests/test_util.h"
 
@@ -260,4 +263,57 @@ TEST_F(XfuserRun, UnderMpirunABadLayoutFailsOnEveryRank) {
   EXPECT_NE(code, 0);
   EXPECT_NE(code, 124) << "timed out: " << log;
   EXPECT_NE(log.find("--use_cfg_parallel needs true CFG"), std::string::npos) << log;
+}
+
+TEST_F(XfuserRun, ARankThatThrowsMidStepEndsTheWholeJob) {
+  setenv("XFUSER_CACHE", cache_->path().c_str(), 1);
+  const std::string bin = (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string();
+  xfuser::testing::TempDir out;
+  std::string log;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Rank 1 throws at step 1 while rank 0 waits for it inside a Ulysses all-to-all; a generous
+  // --comm_timeout proves the job ends by MPI_Abort, not by the timeout.
+  const int code = xfuser::testing::run_command(
+      "XFUSER_INJECT_FAILURE=1:1 " + mpirun(2) + "-x XFUSER_INJECT_FAILURE " + bin +
+          " --model tiny-flux --prompt x --height 64 --width 64 --num_inference_steps 3 "
+          "--ulysses_degree 2 --comm_timeout 300 --output_directory " +
+          out.path().string(),
+      &log);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(code, 0) << log;
+  EXPECT_NE(code, 124) << "timed out: " << log;
+  EXPECT_LT(seconds, 60.0) << log;
+  EXPECT_NE(log.find("injected failure"), std::string::npos) << log;
+  EXPECT_NE(log.find("[rank 1]"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(out / "timings.json"));
+}
+
+TEST_F(XfuserRun, ForwardToolUnderMpirunEqualsTheFixture) {
+  const fs::path fixture = xfuser::testing::fixtures_dir() / "diffusers-v0.33.1" / "flux-tiny-s1";
+  XF_REQUIRE_FIXTURE(fixture);
+  const std::string bin = (xfuser::testing::binary_dir() / "bin" / "xfuser").string();
+  struct Case {
+    int np;
+    std::string flags;
+  };
+  for (const Case& c :
+       {Case{2, "--ulysses_degree 2"}, Case{2, "--ring_degree 2"},
+        Case{4, "--ulysses_degree 2 --ring_degree 2"}, Case{4, "--ulysses_degree 4"}}) {
+    xfuser::testing::TempDir out;
+    std::string log;
+    ASSERT_EQ(xfuser::testing::run_command(
+                  mpirun(c.np) + bin + " forward --model-dir " + fixture.string() + " --inputs " +
+                      (fixture / "inputs.safetensors").string() + " --output " +
+                      (out / "out.safetensors").string() + " " + c.flags,
+                  &log),
+              0)
+        << c.flags << "\n"
+        << log;
+    xfuser::models::SafetensorsFile got((out / "out.safetensors").string());
+    xfuser::models::SafetensorsFile want((fixture / "output.safetensors").string());
+    const double rel = xfuser::testing::max_rel_error(got.get("sample"), want.get("sample"));
+    EXPECT_LE(rel, 1e-4) << c.flags;
+    std::printf("xfuser forward %-36s rel %.2e\n", c.flags.c_str(), rel);
+  }
 }

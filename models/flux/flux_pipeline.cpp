@@ -7,14 +7,13 @@
 
 #include "backends/error.h"
 #include "models/common/component.h"
+#include "models/flux/flux_parallel.h"
 #include "models/flux/flux_transformer.h"
 #include "models/schedulers/flow_match_euler.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/weights/component_folder.h"
 #include "parallel/process_groups.h"
-#include "parallel/sequence_shard.h"
-#include "parallel/usp_attention.h"
 
 namespace xfuser::models::flux {
 namespace fs = std::filesystem;
@@ -202,34 +201,8 @@ int FluxModel::num_steps(const State& base) const {
 
 at::Tensor FluxModel::transformer_forward(const FluxInputs& full) {
   const auto& groups = process_groups();
-  if (!groups || groups->config().sp() == 1) return transformer_->forward(full);
-  // Sequence parallel: this rank keeps image chunk r (padded to equal chunks) and either text
-  // chunk r (when the text length divides) or the whole text; USP attention makes every
-  // attention exact over the global sequence; the output chunks are gathered back.
-  const int parts = groups->config().sp();
-  const int rank = groups->coords().sp;
-  parallel::SequenceShard image(full.hidden_states.size(1), parts);
-  const int64_t text_len = full.encoder_hidden_states.size(1);
-  const parallel::TextMode mode = parallel::choose_text_mode(text_len, parts);
-  FluxInputs in = full;
-  in.hidden_states = image.shard(full.hidden_states, 1, rank);
-  in.img_ids = image.shard(full.img_ids, 0, rank);
-  if (mode == parallel::TextMode::kSplit) {
-    parallel::SequenceShard text(text_len, parts);
-    in.encoder_hidden_states = text.shard(full.encoder_hidden_states, 1, rank);
-    in.txt_ids = text.shard(full.txt_ids, 0, rank);
-  }
-  parallel::UspAttention usp(groups->ulysses(), groups->ring(), mode, image.valid_counts());
-  struct HookGuard {
-    FluxTransformer2DModel& model;
-    ~HookGuard() { model.set_attention_hook({}); }
-  } guard{*transformer_};
-  transformer_->set_attention_hook([&usp](const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v, const AttentionCall& call) {
-    return usp.attention(q, k, v, call.text_tokens, call.text_first, call.mask);
-  });
-  at::Tensor local = transformer_->forward(in);  // [B, chunk, C]
-  return image.gather(local.contiguous(), 1, groups->sp());
+  if (!groups) return transformer_->forward(full);
+  return sequence_parallel_forward(*transformer_, full, *groups);
 }
 
 void FluxModel::denoise_step(State& base, int index) {

@@ -17,8 +17,14 @@
 #include "backends/error.h"
 #include "models/common/component.h"
 #include "models/common/layers.h"
+#include "models/flux/flux_parallel.h"
+#include "models/flux/flux_transformer.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/safetensors.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/mpi_env.h"
+#include "parallel/process_groups.h"
+#include "parallel/world_config.h"
 #include "runner/tool/commands.h"
 
 namespace xfuser::runner::tool {
@@ -30,6 +36,9 @@ struct ForwardOptions {
   std::string output;
   std::string dtype = "fp32";
   std::string method = "forward";
+  int ulysses_degree = 1;
+  int ring_degree = 1;
+  double comm_timeout = 600.0;
 };
 
 c10::ScalarType parse_dtype(const std::string& name) {
@@ -80,7 +89,34 @@ void run_forward(const ForwardOptions& opts) {
   spdlog::info("forward: {} ({}, {}) method {} on {} input(s) from {}", component->class_name(),
                opts.model_dir, opts.dtype, opts.method, inputs.size(), opts.inputs);
 
-  auto outputs = component->call(opts.method, inputs);
+  // Under mpirun (or with degrees > 1) the ranks split the sequence as xfuser-run does; every
+  // rank computes the same output and the last one writes it.
+  std::unique_ptr<parallel::MpiEnvironment> mpi;
+  std::shared_ptr<parallel::ProcessGroups> groups;
+  const bool under_mpirun =
+      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+  if (under_mpirun || opts.ulysses_degree * opts.ring_degree > 1) {
+    mpi = std::make_unique<parallel::MpiEnvironment>(nullptr, nullptr);
+    const auto config = parallel::WorldConfig::from_degrees(
+        mpi->size(), 1, 1, 1, opts.ulysses_degree, opts.ring_degree, 1);
+    if (mpi->size() > 1) {
+      auto world = std::make_shared<parallel::MpiCommunicator>(
+          "world", std::chrono::milliseconds(static_cast<int64_t>(opts.comm_timeout * 1000)));
+      groups = std::make_shared<parallel::ProcessGroups>(config, world);
+    }
+  }
+  models::TensorMap outputs;
+  if (groups) {
+    auto* flux = dynamic_cast<models::flux::FluxTransformer2DModel*>(component.get());
+    XF_CHECK(flux != nullptr && opts.method == "forward",
+             "--ulysses_degree / --ring_degree: parallel forward supports "
+             "FluxTransformer2DModel.forward, not ",
+             component->class_name(), ".", opts.method);
+    outputs["sample"] =
+        models::flux::sequence_parallel_forward(*flux, flux->parse_inputs(inputs), *groups);
+  } else {
+    outputs = component->call(opts.method, inputs);
+  }
   XF_CHECK(!outputs.empty(), component->class_name(), ".", opts.method, " returned no outputs");
   std::map<std::string, at::Tensor> to_save;
   for (const auto& [name, t] : outputs) {
@@ -89,8 +125,10 @@ void run_forward(const ForwardOptions& opts) {
     to_save[name] = t.to(at::kFloat).contiguous();
     spdlog::info("forward: output {} {}", name, models::shape_string(t.sizes()));
   }
-  models::save_safetensors(opts.output, to_save);
-  spdlog::info("forward: wrote {} output(s) to {}", to_save.size(), opts.output);
+  if (!mpi || mpi->rank() == mpi->size() - 1) {
+    models::save_safetensors(opts.output, to_save);
+    spdlog::info("forward: wrote {} output(s) to {}", to_save.size(), opts.output);
+  }
 }
 
 }  // namespace
@@ -111,6 +149,14 @@ void register_forward(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   cmd->add_option("--method", opts->method, "Component method: forward, decode, ...")
+      ->capture_default_str();
+  cmd->add_option("--ulysses_degree", opts->ulysses_degree,
+                  "Ulysses degree under mpirun (FluxTransformer2DModel)")
+      ->capture_default_str();
+  cmd->add_option("--ring_degree", opts->ring_degree,
+                  "Ring degree under mpirun (FluxTransformer2DModel)")
+      ->capture_default_str();
+  cmd->add_option("--comm_timeout", opts->comm_timeout, "Seconds any collective may wait")
       ->capture_default_str();
   cmd->callback([opts] { run_forward(*opts); });
 }
