@@ -80,7 +80,7 @@ std::string nccl_probe() {
   XF_CHECK(cr == cudaSuccess && devices > 0,
            "NCCL backend selected but no CUDA device is usable on this machine (",
            cr == cudaSuccess ? "0 devices" : cudaGetErrorString(cr),
-           "); use the MPI backend (--comm_backend mpi) on CPU-only hosts");
+           "); CPU-only hosts use the MPI backend");
   return "NCCL " + std::to_string(major) + "." + std::to_string(minor) + "." +
          std::to_string(patch) + ", " + std::to_string(devices) + " CUDA devices";
 }
