@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include "backends/error.h"
+#include "backends/tensor_util.h"
 
 namespace xfuser::parallel {
 namespace {
@@ -93,10 +94,19 @@ MPI_Op mpi_op(at::ScalarType t, ReduceOp op) {
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-std::string shape_str(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
+// Posts one non-blocking call per chunk of at most `max_elements` elements of `work`:
+// post(pointer, element count, request).
+template <typename Post>
+std::vector<MPI_Request> post_chunked(const at::Tensor& work, int64_t max_elements, Post post) {
+  auto* data = static_cast<char*>(work.data_ptr());
+  const int64_t n = work.numel();
+  const int64_t esize = work.element_size();
+  std::vector<MPI_Request> requests;
+  for (int64_t off = 0; off < n; off += max_elements) {
+    requests.emplace_back();
+    post(data + off * esize, static_cast<int>(std::min(max_elements, n - off)), &requests.back());
+  }
+  return requests;
 }
 
 }  // namespace
@@ -280,17 +290,10 @@ void MpiCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
   }
   const MPI_Datatype type = mpi_type(work.scalar_type(), kOp);
   const MPI_Op mop = mpi_op(work.scalar_type(), op);
-  auto* data = static_cast<char*>(work.data_ptr());
-  const int64_t n = work.numel();
-  const int64_t esize = work.element_size();
-  std::vector<MPI_Request> requests;
-  for (int64_t off = 0; off < n; off += max_elements_) {
-    const int count = static_cast<int>(std::min(max_elements_, n - off));
-    requests.emplace_back();
-    XF_MPI_CHECK(
-        MPI_Iallreduce(MPI_IN_PLACE, data + off * esize, count, type, mop, comm_, &requests.back()),
-        kOp, " on group '", name_, "', shape ", shape_str(tensor));
-  }
+  auto requests = post_chunked(work, max_elements_, [&](char* p, int count, MPI_Request* r) {
+    XF_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p, count, type, mop, comm_, r), kOp, " on group '",
+                 name_, "', shape ", shape_string(tensor.sizes()));
+  });
   wait_requests(requests, {work}, kOp, bytes, -1, start + timeout_);
   if (!work.is_same(tensor)) tensor.copy_(work);
   count(kOp, bytes, std::chrono::duration<double>(Clock::now() - start).count());
@@ -304,12 +307,12 @@ at::Tensor MpiCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
   XF_CHECK(nd >= 1, kOp, " on group '", name_, "': needs a tensor with at least one dimension");
   const int64_t d = dim < 0 ? dim + nd : dim;
   XF_CHECK(d >= 0 && d < nd, kOp, " on group '", name_, "': dim ", dim, " is out of range for ",
-           "shape ", shape_str(tensor));
+           "shape ", shape_string(tensor.sizes()));
   const auto start = Clock::now();
   const at::Tensor in = tensor.contiguous();
   const int64_t n = in.numel();
   XF_CHECK(n <= max_elements_, kOp, " on group '", name_, "': ", n, " elements per rank (shape ",
-           shape_str(tensor), ") exceed the MPI count limit of ", max_elements_,
+           shape_string(tensor.sizes()), ") exceed the MPI count limit of ", max_elements_,
            "; gather smaller pieces");
   std::vector<int64_t> buf_sizes{size_};
   buf_sizes.insert(buf_sizes.end(), in.sizes().begin(), in.sizes().end());
@@ -318,7 +321,7 @@ at::Tensor MpiCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
   std::vector<MPI_Request> requests(1);
   XF_MPI_CHECK(MPI_Iallgather(in.data_ptr(), static_cast<int>(n), type, buf.data_ptr(),
                               static_cast<int>(n), type, comm_, &requests[0]),
-               kOp, " on group '", name_, "', shape ", shape_str(tensor));
+               kOp, " on group '", name_, "', shape ", shape_string(tensor.sizes()));
   const int64_t bytes = nbytes(in) * (size_ - 1);
   wait_requests(requests, {in, buf}, kOp, bytes, -1, start + timeout_);
   std::vector<int64_t> out_sizes(in.sizes().begin(), in.sizes().end());
@@ -334,19 +337,20 @@ at::Tensor MpiCommunicator::all_to_all(const at::Tensor& input) {
   check_usable(kOp);
   check_tensor(input, kOp);
   XF_CHECK(input.dim() >= 1 && input.size(0) % size_ == 0, kOp, " on group '", name_,
-           "': dim 0 of shape ", shape_str(input), " must be divisible by the group size ", size_);
+           "': dim 0 of shape ", shape_string(input.sizes()),
+           " must be divisible by the group size ", size_);
   const auto start = Clock::now();
   const at::Tensor in = input.contiguous();
   const int64_t chunk = in.numel() / size_;
   XF_CHECK(chunk <= max_elements_, kOp, " on group '", name_, "': chunks of ", chunk,
-           " elements (shape ", shape_str(input), ") exceed the MPI count limit of ", max_elements_,
-           "; exchange smaller pieces");
+           " elements (shape ", shape_string(input.sizes()), ") exceed the MPI count limit of ",
+           max_elements_, "; exchange smaller pieces");
   at::Tensor out = at::empty_like(in, at::MemoryFormat::Contiguous);
   const MPI_Datatype type = mpi_type(in.scalar_type(), kOp);
   std::vector<MPI_Request> requests(1);
   XF_MPI_CHECK(MPI_Ialltoall(in.data_ptr(), static_cast<int>(chunk), type, out.data_ptr(),
                              static_cast<int>(chunk), type, comm_, &requests[0]),
-               kOp, " on group '", name_, "', shape ", shape_str(input));
+               kOp, " on group '", name_, "', shape ", shape_string(input.sizes()));
   const int64_t bytes = nbytes(in) / size_ * (size_ - 1);
   wait_requests(requests, {in, out}, kOp, bytes, -1, start + timeout_);
   count(kOp, bytes, std::chrono::duration<double>(Clock::now() - start).count());
@@ -361,16 +365,10 @@ void MpiCommunicator::broadcast(at::Tensor& tensor, int root) {
   const auto start = Clock::now();
   at::Tensor work = tensor.is_contiguous() ? tensor : tensor.contiguous();
   const MPI_Datatype type = mpi_type(work.scalar_type(), kOp);
-  auto* data = static_cast<char*>(work.data_ptr());
-  const int64_t n = work.numel();
-  const int64_t esize = work.element_size();
-  std::vector<MPI_Request> requests;
-  for (int64_t off = 0; off < n; off += max_elements_) {
-    const int count = static_cast<int>(std::min(max_elements_, n - off));
-    requests.emplace_back();
-    XF_MPI_CHECK(MPI_Ibcast(data + off * esize, count, type, root, comm_, &requests.back()), kOp,
-                 " on group '", name_, "', shape ", shape_str(tensor));
-  }
+  auto requests = post_chunked(work, max_elements_, [&](char* p, int count, MPI_Request* r) {
+    XF_MPI_CHECK(MPI_Ibcast(p, count, type, root, comm_, r), kOp, " on group '", name_, "', shape ",
+                 shape_string(tensor.sizes()));
+  });
   const int64_t bytes = rank_ == root ? nbytes(tensor) : 0;
   wait_requests(requests, {work}, kOp, bytes, -1, start + timeout_);
   if (!work.is_same(tensor)) tensor.copy_(work);
@@ -397,11 +395,13 @@ std::unique_ptr<Work> MpiCommunicator::start_p2p(const at::Tensor& tensor, int p
     if (is_send) {
       XF_MPI_CHECK(MPI_Isend(data + off * esize, count, type, peer, static_cast<int>(tag), comm_,
                              &requests.back()),
-                   op, " on group '", name_, "' to peer ", peer, ", shape ", shape_str(tensor));
+                   op, " on group '", name_, "' to peer ", peer, ", shape ",
+                   shape_string(tensor.sizes()));
     } else {
       XF_MPI_CHECK(MPI_Irecv(data + off * esize, count, type, peer, static_cast<int>(tag), comm_,
                              &requests.back()),
-                   op, " on group '", name_, "' from peer ", peer, ", shape ", shape_str(tensor));
+                   op, " on group '", name_, "' from peer ", peer, ", shape ",
+                   shape_string(tensor.sizes()));
     }
     if (n == 0) break;
   }
