@@ -317,3 +317,17 @@ TEST_F(XfuserRun, ForwardToolUnderMpirunEqualsTheFixture) {
     std::printf("xfuser forward %-36s rel %.2e\n", c.flags.c_str(), rel);
   }
 }
+
+TEST_F(XfuserRun, TheApiExampleGeneratesAnImage) {
+  const fs::path example = xfuser::testing::binary_dir() / "bin" / "xfuser-example-generate";
+  if (!fs::exists(example)) GTEST_SKIP() << "examples not built (XFUSER_BUILD_EXAMPLES=OFF)";
+  xfuser::testing::TempDir out;
+  std::string log;
+  ASSERT_EQ(xfuser::testing::run_command("XFUSER_CACHE=" + cache_->path().string() + " " +
+                                             example.string() + " 'a dog' " + out.path().string(),
+                                         &log),
+            0)
+      << log;
+  at::Tensor img = xfuser::runner::read_png(out / "tiny-flux_u1r1_tc_False_256x256_0.png");
+  EXPECT_EQ(img.sizes(), (std::vector<int64_t>{256, 256, 3}));
+}
