@@ -2,14 +2,17 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include "backends/error.h"
 #include "models/flux/tiny_flux.h"
@@ -189,7 +192,9 @@ RunResult Runner::run(const ResolvedArgs& args) {
     model_->generate(args.request);
   }
   for (int i = 0; i < args.config.num_iterations; ++i) {
+    if (groups_) groups_->reset_stats();  // count each timed iteration on its own
     auto out = model_->generate(args.request);
+    if (groups_) result.comm.push_back(groups_->stats());
     spdlog::info("iteration {}/{}: {:.3f} s", i + 1, args.config.num_iterations, out.total_seconds);
     result.iteration_seconds.push_back(out.total_seconds);
     result.images = out.images;
@@ -201,6 +206,7 @@ RunResult Runner::run(const ResolvedArgs& args) {
 std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& result) {
   const RunConfig& c = args.config;
   const fs::path dir = c.output_directory;
+  const auto save_start = std::chrono::steady_clock::now();
   std::vector<fs::path> written;
   const int64_t images = writes_images() && result.images.defined() ? result.images.size(0) : 0;
   for (int64_t i = 0; i < images; ++i) {
@@ -228,6 +234,69 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
     write_png(path, result.images[i], text);
     written.push_back(path);
   }
+  // Every rank: its own run report.
+  {
+    nlohmann::json report;
+    report["schema"] = "xfuser.timings_rank";
+    report["version"] = kRunReportSchemaVersion;
+    report["rank"] = rank();
+    report["world_size"] = groups_ ? groups_->config().world_size() : 1;
+    report["model"] = args.spec->id;
+    report["config"] = {{"height", args.request.height},
+                        {"width", args.request.width},
+                        {"num_inference_steps", args.request.num_inference_steps},
+                        {"guidance_scale", args.request.guidance_scale},
+                        {"true_cfg_scale", args.request.true_cfg_scale},
+                        {"max_sequence_length", args.request.max_sequence_length},
+                        {"seed", c.seed},
+                        {"dtype", c.dtype},
+                        {"prompts", args.request.prompts.size()},
+                        {"prompt_indices", args.prompt_indices},
+                        {"ulysses_degree", c.ulysses_degree},
+                        {"ring_degree", c.ring_degree},
+                        {"pipefusion_parallel_degree", c.pipefusion_parallel_degree},
+                        {"tensor_parallel_degree", c.tensor_parallel_degree},
+                        {"data_parallel_degree", c.data_parallel_degree},
+                        {"use_cfg_parallel", c.use_cfg_parallel},
+                        {"warmup_calls", c.warmup_calls},
+                        {"num_iterations", c.num_iterations},
+                        {"threads", at::get_num_threads()}};
+    nlohmann::json iterations = nlohmann::json::array();
+    for (size_t i = 0; i < result.iterations.size(); ++i) {
+      const auto& it = result.iterations[i];
+      nlohmann::json stages = nlohmann::json::array();
+      double stage_sum = 0;
+      for (const auto& st : it.timings) {
+        nlohmann::json e = {{"name", st.name}, {"seconds", st.seconds}};
+        if (st.index >= 0) e["step"] = st.index;
+        stages.push_back(e);
+        stage_sum += st.seconds;
+      }
+      nlohmann::json comm = nlohmann::json::object();
+      if (i < result.comm.size()) {
+        for (const auto& [group, ops] : result.comm[i]) {
+          for (const auto& [op, st] : ops) {
+            comm[group][op] = {{"calls", st.calls}, {"bytes", st.bytes}, {"seconds", st.seconds}};
+          }
+        }
+      }
+      iterations.push_back({{"total_seconds", it.total_seconds},
+                            {"stages_seconds", stage_sum},
+                            {"stages", stages},
+                            {"comm", comm}});
+    }
+    report["iterations"] = iterations;
+    struct rusage usage {};
+    getrusage(RUSAGE_SELF, &usage);
+    report["memory"] = {{"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024},
+                        {"device", "cpu"}};
+    // Writing this rank's images (saving happens once, after the timed iterations).
+    report["save_seconds"] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
+    const fs::path path = dir / ("timings_rank" + std::to_string(rank()) + ".json");
+    write_file_atomic(path, report.dump(2) + "\n");
+    written.push_back(path);
+  }
   if (writes_timings()) {
     nlohmann::json timings = result.iteration_seconds;
     write_file_atomic(dir / "timings.json", timings.dump() + "\n");
@@ -242,6 +311,8 @@ bool Runner::writes_images() const {
   const auto& r = groups_->coords();
   return r.tp == w.tp() - 1 && r.sp == w.sp() - 1 && r.pp == w.pp() - 1 && r.cfg == w.cfg() - 1;
 }
+
+int Runner::rank() const { return groups_ ? groups_->rank() : 0; }
 
 bool Runner::writes_timings() const {
   return !groups_ || groups_->rank() == groups_->config().world_size() - 1;

@@ -10,10 +10,12 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "models/xfuser_model.h"
+#include "parallel/communicator.h"
 #include "runner/run_config.h"
 
 namespace xfuser::models {
@@ -34,11 +36,18 @@ struct ResolvedArgs {
   c10::ScalarType dtype = c10::kFloat;
 };
 
+// Communication per group name, then per operation, of one timed iteration.
+using CommReport = std::map<std::string, std::map<std::string, parallel::OpStats>>;
+
 struct RunResult {
   at::Tensor images;                      // uint8 [B, H, W, 3] of the last timed iteration
   std::vector<double> iteration_seconds;  // one per timed iteration (timings.json)
   std::vector<models::GenerationOutput> iterations;  // stage timings per timed iteration
+  std::vector<CommReport> comm;                      // per timed iteration (empty on one rank)
 };
+
+// The per-rank run report, timings_rank{r}.json (schema in docs/timings.md).
+constexpr int kRunReportSchemaVersion = 1;
 
 class Runner {
  public:
@@ -65,6 +74,7 @@ class Runner {
 
  private:
   bool writes_images() const;
+  int rank() const;
   bool writes_timings() const;
 
   RunConfig config_;

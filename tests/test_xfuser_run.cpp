@@ -100,6 +100,28 @@ TEST_F(XfuserRun, IterationsGiveOneTimingEach) {
       << log;
   auto timings = nlohmann::json::parse(read(out / "timings.json"));
   EXPECT_EQ(timings.size(), 3u);
+  // The per-rank report: one entry per timed iteration, stages consistent with the totals.
+  auto report = nlohmann::json::parse(read(out / "timings_rank0.json"));
+  EXPECT_EQ(report["schema"], "xfuser.timings_rank");
+  EXPECT_EQ(report["version"], 1);
+  EXPECT_EQ(report["rank"], 0);
+  EXPECT_EQ(report["config"]["num_inference_steps"], 2);
+  ASSERT_EQ(report["iterations"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& it = report["iterations"][i];
+    EXPECT_DOUBLE_EQ(it["total_seconds"].get<double>(), timings[i].get<double>());
+    ASSERT_EQ(it["stages"].size(), 5u);  // encode, latents, 2 steps, decode
+    EXPECT_EQ(it["stages"][0]["name"], "encode_prompt");
+    EXPECT_EQ(it["stages"][3]["name"], "denoise_step");
+    EXPECT_EQ(it["stages"][3]["step"], 1);
+    EXPECT_EQ(it["stages"][4]["name"], "decode");
+    double sum = 0;
+    for (const auto& st : it["stages"]) sum += st["seconds"].get<double>();
+    EXPECT_NEAR(sum, it["stages_seconds"].get<double>(), 1e-9);
+    EXPECT_LE(sum, it["total_seconds"].get<double>());
+    EXPECT_GE(sum, 0.5 * it["total_seconds"].get<double>());
+  }
+  EXPECT_GT(report["memory"]["peak_rss_bytes"].get<int64_t>(), 0);
 }
 
 struct BadCase {
@@ -237,6 +259,17 @@ TEST_F(XfuserRun, UnderMpirunEveryStrategyWritesTheSerialImages) {
           << c.flags << " prompt " << i;
     }
     EXPECT_TRUE(fs::exists(out / "timings.json")) << c.flags;
+    for (int r = 0; r < c.np; ++r) {
+      const fs::path report_path = out / ("timings_rank" + std::to_string(r) + ".json");
+      ASSERT_TRUE(fs::exists(report_path)) << c.flags << " rank " << r;
+      if (c.flags != "--ulysses_degree 2") continue;
+      // Every rank reports its Ulysses all-to-alls: 2 per attention layer per step (tiny-flux:
+      // 2 double + 2 single blocks, 2 steps, true CFG doubles the forwards).
+      auto report = nlohmann::json::parse(read(report_path));
+      const auto& a2a = report["iterations"][0]["comm"]["ulysses[0,1]"]["all_to_all"];
+      EXPECT_EQ(a2a["calls"], 2 * 4 * 2 * 2) << report.dump();
+      EXPECT_GT(a2a["bytes"].get<int64_t>(), 0);
+    }
   }
 }
 
