@@ -149,19 +149,26 @@ ResolvedArgs Runner::preprocess_args() const {
   return args;
 }
 
-void Runner::initialize(const ResolvedArgs& args) {
+fs::path resolve_model_dir(const ResolvedArgs& args) {
   const models::ModelSpec& spec = *args.spec;
-  ensure_writable_directory(args.config.output_directory);
+  fs::path dir;
   if (!args.config.model_path.empty()) {
-    model_dir_ = args.config.model_path;
+    dir = args.config.model_path;
   } else if (spec.maturity == "embedded") {
-    model_dir_ = models::flux::ensure_tiny_flux(0);
+    dir = models::flux::ensure_tiny_flux(0);
   } else {
     XF_CHECK(!spec.hf_repo.empty(), "model ", spec.id,
              " has no Hugging Face repo: pass --model_path with its pipeline folder");
-    model_dir_ = models::find_in_hub_cache(spec.hf_repo);
+    dir = models::find_in_hub_cache(spec.hf_repo);
   }
-  models::check_pipeline_folder(model_dir_);
+  models::check_pipeline_folder(dir);
+  return dir;
+}
+
+void Runner::initialize(const ResolvedArgs& args) {
+  const models::ModelSpec& spec = *args.spec;
+  ensure_writable_directory(args.config.output_directory);
+  model_dir_ = resolve_model_dir(args);
   spdlog::info("loading {} from {} ({})", spec.id, model_dir_.string(), args.config.dtype);
   model_ = spec.create(spec);
   model_->set_process_groups(groups_);

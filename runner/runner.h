@@ -83,6 +83,10 @@ class Runner {
   std::filesystem::path model_dir_;
 };
 
+// The pipeline folder of a run: --model_path, the embedded tiny model (built on first use), or
+// the model's repo in the Hugging Face cache; checked to hold model_index.json.
+std::filesystem::path resolve_model_dir(const ResolvedArgs& args);
+
 // The default compute dtype on this host: bf16 when the CPU has AVX512-BF16 (about 2x the fp32
 // matmul rate through oneDNN), else fp32.
 c10::ScalarType default_cpu_dtype();

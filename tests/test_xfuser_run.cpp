@@ -364,3 +364,33 @@ TEST_F(XfuserRun, TheApiExampleGeneratesAnImage) {
   at::Tensor img = xfuser::runner::read_png(out / "tiny-flux_u1r1_tc_False_256x256_0.png");
   EXPECT_EQ(img.sizes(), (std::vector<int64_t>{256, 256, 3}));
 }
+
+TEST_F(XfuserRun, ValidateChecksFlagsMeshAndWeightsWithoutRunning) {
+  const std::string tool = (xfuser::testing::binary_dir() / "bin" / "xfuser").string();
+  xfuser::testing::TempDir dir, out;
+  std::string log;
+  ASSERT_EQ(xfuser::testing::run_command(
+                tool + " make-tiny --arch flux --out " + (dir / "pipe").string(), &log),
+            0)
+      << log;
+  const std::string base = tool + " validate --model tiny-flux --model_path " +
+                           (dir / "pipe").string() + " --prompt x --output_directory " +
+                           out.path().string();
+  ASSERT_EQ(xfuser::testing::run_command(base + " --ulysses_degree 2 --world_size 2", &log), 0)
+      << log;
+  EXPECT_NE(log.find("transformer: ok (FluxTransformer2DModel"), std::string::npos) << log;
+  EXPECT_NE(log.find("valid"), std::string::npos) << log;
+  EXPECT_TRUE(fs::is_empty(out.path()));  // nothing generated or written
+  // Degrees that do not fit the world size.
+  EXPECT_NE(xfuser::testing::run_command(base + " --ulysses_degree 2", &log), 0);
+  EXPECT_NE(log.find("but the world size is 1"), std::string::npos) << log;
+  // A config that no longer matches the weights: the missing tensors are named.
+  {
+    std::ifstream in(dir / "pipe" / "transformer" / "config.json");
+    auto config = nlohmann::json::parse(in);
+    config["num_layers"] = 3;
+    std::ofstream(dir / "pipe" / "transformer" / "config.json") << config.dump();
+  }
+  EXPECT_NE(xfuser::testing::run_command(base, &log), 0);
+  EXPECT_NE(log.find("transformer_blocks.2.attn.to_q.weight"), std::string::npos) << log;
+}

@@ -9,6 +9,7 @@ void register_commands(CLI::App& app) {
   register_tokenize(app);
   register_make_tiny(app);
   register_models(app);
+  register_validate(app);
 }
 
 }  // namespace xfuser::runner::tool

@@ -16,6 +16,7 @@ void register_commands(CLI::App& app);
 void register_forward(CLI::App& app);
 void register_make_tiny(CLI::App& app);
 void register_models(CLI::App& app);
+void register_validate(CLI::App& app);
 void register_tokenize(CLI::App& app);
 
 // The `xfuser models` listing in `format` (table, markdown or json).
