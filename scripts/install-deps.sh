@@ -16,7 +16,7 @@ PACKAGES=(
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
   libsentencepiece-dev sentencepiece libicu-dev
   # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev jq
 )
 if [[ "${1:-}" == "--with-fuzz" ]]; then
   PACKAGES+=(clang-14 libclang-rt-14-dev)
