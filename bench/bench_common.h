@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <string>
 #include <thread>
@@ -197,6 +198,15 @@ inline void write_json(const std::string& path, const nlohmann::json& j) {
   XF_CHECK(f.good(), "cannot open --out file '", path, "' for writing");
   f << j.dump(2) << "\n";
   XF_CHECK(f.good(), "failed writing '", path, "'");
+}
+
+// The result to --out FILE when given, else to stdout.
+inline void emit_json(const Args& args, const nlohmann::json& j) {
+  if (args.has("out")) {
+    write_json(args.get("out", ""), j);
+  } else {
+    std::cout << j.dump(2) << "\n";
+  }
 }
 
 }  // namespace xfuser::bench

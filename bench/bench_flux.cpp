@@ -217,11 +217,7 @@ int main(int argc, char** argv) {
         {"flops_formula", "(double_blocks + single_blocks) * (2*12*D^2*S + 4*S^2*D)"},
         {"gemm", gemm_json},
         {"runs", runs}};
-    if (args.has("out")) {
-      xb::write_json(args.get("out", ""), out);
-    } else {
-      std::cout << out.dump(2) << "\n";
-    }
+    xb::emit_json(args, out);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "bench_flux: " << e.what() << "\n";

@@ -48,11 +48,7 @@ int main(int argc, char** argv) {
                           {"environment", xb::environment_json(threads, openblas)},
                           {"runs", runs},
                           {"peak_gflop_per_s", peak}};
-    if (args.has("out")) {
-      xb::write_json(args.get("out", ""), out);
-    } else {
-      std::cout << out.dump(2) << "\n";
-    }
+    xb::emit_json(args, out);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "bench_gemm: " << e.what() << "\n";

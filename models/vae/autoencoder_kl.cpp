@@ -35,6 +35,24 @@ void blend(const at::Tensor& a, at::Tensor& b, int64_t extent, int64_t dim) {
   b_head.copy_(mixed);
 }
 
+// Cuts x [B, C, H, W] into overlapping tiles of up to `tile` x `tile` starting every `stride`
+// rows/columns (diffusers' tiled_encode/tiled_decode grid) and maps each through `fn`.
+template <typename Fn>
+std::vector<std::vector<at::Tensor>> map_tiles(const at::Tensor& x, int64_t tile, int64_t stride,
+                                               Fn fn) {
+  std::vector<std::vector<at::Tensor>> rows;
+  for (int64_t i = 0; i < x.size(2); i += stride) {
+    std::vector<at::Tensor> row;
+    for (int64_t j = 0; j < x.size(3); j += stride) {
+      at::Tensor t =
+          x.narrow(2, i, std::min(tile, x.size(2) - i)).narrow(3, j, std::min(tile, x.size(3) - j));
+      row.push_back(fn(t).contiguous());
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
 // Blends each tile with its upper and left neighbours (in place, in diffusers' order), crops
 // every tile to row_limit and stitches the grid: the second half of tiled_encode/tiled_decode.
 at::Tensor blend_tiles(std::vector<std::vector<at::Tensor>>& rows, int64_t blend_extent,
@@ -185,18 +203,10 @@ at::Tensor AutoencoderKL::tiled_encode_moments(const at::Tensor& x) const {
   const int64_t row_limit = tile_latent_min_size_ - blend_extent;
   XF_CHECK(overlap_size > 0, "tiled encode: tile stride int(", tile_sample_min_size_, " * (1 - ",
            tile_overlap_factor_, ")) is 0");
-  std::vector<std::vector<at::Tensor>> rows;
-  for (int64_t i = 0; i < x.size(2); i += overlap_size) {
-    std::vector<at::Tensor> row;
-    for (int64_t j = 0; j < x.size(3); j += overlap_size) {
-      at::Tensor tile = x.narrow(2, i, std::min(tile_sample_min_size_, x.size(2) - i))
-                            .narrow(3, j, std::min(tile_sample_min_size_, x.size(3) - j));
-      tile = encoder_->forward(tile);
-      if (quant_conv_) tile = quant_conv_->forward(tile, 1, 0);
-      row.push_back(tile.contiguous());
-    }
-    rows.push_back(std::move(row));
-  }
+  auto rows = map_tiles(x, tile_sample_min_size_, overlap_size, [&](const at::Tensor& tile) {
+    at::Tensor h = encoder_->forward(tile);
+    return quant_conv_ ? quant_conv_->forward(h, 1, 0) : h;
+  });
   return blend_tiles(rows, blend_extent, row_limit);
 }
 
@@ -241,16 +251,8 @@ at::Tensor AutoencoderKL::tiled_decode(const at::Tensor& z) const {
   XF_CHECK(overlap_size > 0, "tiled decode: tile stride int(", tile_latent_min_size_, " * (1 - ",
            tile_overlap_factor_, ")) is 0");
   // Overlapping latent tiles of tile_latent_min_size, decoded separately.
-  std::vector<std::vector<at::Tensor>> rows;
-  for (int64_t i = 0; i < z.size(2); i += overlap_size) {
-    std::vector<at::Tensor> row;
-    for (int64_t j = 0; j < z.size(3); j += overlap_size) {
-      at::Tensor tile = z.narrow(2, i, std::min(tile_latent_min_size_, z.size(2) - i))
-                            .narrow(3, j, std::min(tile_latent_min_size_, z.size(3) - j));
-      row.push_back(decode_full(tile).contiguous());
-    }
-    rows.push_back(std::move(row));
-  }
+  auto rows = map_tiles(z, tile_latent_min_size_, overlap_size,
+                        [&](const at::Tensor& tile) { return decode_full(tile); });
   return blend_tiles(rows, blend_extent, row_limit);
 }
 
