@@ -110,6 +110,62 @@ AttentionOutput chunked_attention(const at::Tensor& q, const at::Tensor& k, cons
   return {out, lse};
 }
 
+// Score bytes per query block on the blocked path: the [c, Sk] float32 scores and probabilities
+// of one block stay in a core's L2 cache (1-2 MiB on current server CPUs).
+constexpr int64_t kBlockScoreBytes = int64_t{1} << 20;
+
+// Unmasked attention, one (batch, head) at a time in query blocks. Per block: S = Q_c (scale K)^T
+// in float32 (the scores are never rounded to a half type), P = softmax(S) by ATen's fused
+// kernel, lse = max(S) - log(max(P)) (exact: max(P) = exp(0) / sum exp(S - max S) = 1 / l), and
+// O = P V straight into the output rows (P in the input dtype, as FlashAttention does, so half
+// types run the second product at their own speed). No [B, H, Sq, Sk] tensor and no copies of
+// Q, V or O. Memory: O(c * Sk) plus one head's K in float32.
+AttentionOutput blocked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  double scale, int64_t chunk) {
+  const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), sk = k.size(1), dv = v.size(3);
+  const auto f32 = q.options().dtype(at::kFloat);
+  auto out = at::empty({b, sq, h, dv}, q.options());
+  auto lse = at::empty({b, h, sq}, f32);
+  if (chunk <= 0) chunk = std::max<int64_t>(16, kBlockScoreBytes / (4 * sk));
+  chunk = std::min(chunk, sq);
+  const bool is_float = q.scalar_type() == at::kFloat;
+  auto scores = at::empty({chunk, sk}, f32);
+  auto probs = at::empty({chunk, sk}, f32);
+  at::Tensor probs_half = is_float ? at::Tensor() : at::empty({chunk, sk}, q.options());
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t hi = 0; hi < h; ++hi) {
+      auto ks = k.select(0, bi).select(1, hi).to(at::kFloat).mul(scale);  // [Sk, D] float32
+      auto ksT = ks.t();                                                  // [D, Sk]
+      auto vh = v.select(0, bi).select(1, hi);                            // [Sk, Dv]
+      auto qh = q.select(0, bi).select(1, hi);                            // [Sq, D]
+      auto oh = out.select(0, bi).select(1, hi);                          // [Sq, Dv]
+      auto lh = lse.select(0, bi).select(0, hi);                          // [Sq]
+      for (int64_t start = 0; start < sq; start += chunk) {
+        const int64_t len = std::min(chunk, sq - start);
+        auto qc = qh.narrow(0, start, len);
+        if (!is_float) qc = qc.to(at::kFloat);
+        auto s = scores.narrow(0, 0, len);  // [c, Sk]
+        auto p = probs.narrow(0, 0, len);
+        at::mm_out(s, qc, ksT);
+        at::_softmax_out(p, s, -1, false);
+        auto smax = at::amax(s, -1);  // [c]
+        auto pmax = at::amax(p, -1);
+        auto lc = lh.narrow(0, start, len);
+        at::sub_out(lc, smax, pmax.log_());
+        auto oc = oh.narrow(0, start, len);  // [c, Dv] rows of out
+        if (is_float) {
+          at::mm_out(oc, p, vh);
+        } else {
+          auto ph = probs_half.narrow(0, 0, len);
+          ph.copy_(p);
+          at::mm_out(oc, ph, vh);
+        }
+      }
+    }
+  }
+  return {out, lse};
+}
+
 #if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 1)
 // Fused CUDA kernels (libtorch >= 2.1 signatures). Returns false when they do not apply.
 bool fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
@@ -154,6 +210,9 @@ AttentionOutput attention(const at::Tensor& q, const at::Tensor& k, const at::Te
     if (fused_attention(q, k, v, scale, &fused)) return fused;
   }
 #endif
+  if (!mask.defined() && q.device().is_cpu() && sq > 0 && sk > 0 && q.scalar_type() != at::kHalf) {
+    return blocked_attention(q, k, v, scale, opts.query_chunk_size);
+  }
   return chunked_attention(q, k, v, mask, scale, opts.query_chunk_size);
 }
 

@@ -8,9 +8,12 @@
 
 #include <ATen/Parallel.h>
 
+#include "backends/memory.h"
+
 namespace xfuser {
 
 int configure_threads(int local_ranks) {
+  configure_host_allocator();
   int threads = 0;
   if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env) threads = std::atoi(env);
   if (threads <= 0) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <dlfcn.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "backends/memory.h"
 
 namespace xfuser::bench {
 
@@ -75,6 +77,7 @@ class Args {
 // Returns whether OpenBLAS was found.
 inline bool set_threads(int threads) {
   XF_CHECK(threads >= 1, "--threads must be >= 1, got ", threads);
+  xfuser::configure_host_allocator();  // as every rank does (backends/threads.cpp)
   at::set_num_threads(threads);
   using SetThreads = void (*)(int);
   if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
@@ -87,6 +90,14 @@ inline bool set_threads(int threads) {
 inline double now_seconds() {
   using Clock = std::chrono::steady_clock;
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+// CPU time of the whole process (every thread). With one thread per rank it is the compute
+// time, and unlike wall time it does not grow while other processes hold the core.
+inline double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 inline std::string dtype_name(c10::ScalarType t) {
@@ -112,10 +123,12 @@ inline c10::ScalarType parse_dtype(const std::string& s) {
 struct GemmResult {
   int64_t n = 0;
   c10::ScalarType dtype = at::kFloat;
-  int reps = 0;             // timed repetitions actually run
-  double best_seconds = 0;  // fastest repetition
-  double flops = 0;         // 2 n^3
-  double flop_per_s = 0;    // flops / best_seconds
+  int reps = 0;                 // timed repetitions actually run
+  double best_seconds = 0;      // fastest repetition
+  double flops = 0;             // 2 n^3
+  double flop_per_s = 0;        // flops / best_seconds
+  double best_cpu_seconds = 0;  // fastest repetition in process CPU time
+  double flop_per_cpu_s = 0;    // flops / best_cpu_seconds
 };
 
 // Warm-up (one call), then up to `reps` timed calls; stops early once `budget_seconds` of timed
@@ -132,33 +145,42 @@ inline GemmResult measure_gemm(int64_t n, c10::ScalarType dtype, int reps, doubl
   r.dtype = dtype;
   r.flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
   r.best_seconds = 1e300;
+  r.best_cpu_seconds = 1e300;
   double spent = 0;
   for (int i = 0; i < reps; ++i) {
-    const double t0 = now_seconds();
+    const double t0 = now_seconds(), c0 = cpu_seconds();
     at::mm_out(c, a, b);
     const double dt = now_seconds() - t0;
+    r.best_cpu_seconds = std::min(r.best_cpu_seconds, cpu_seconds() - c0);
     r.best_seconds = std::min(r.best_seconds, dt);
     spent += dt;
     ++r.reps;
     if (r.reps >= 2 && spent > budget_seconds) break;
   }
   r.flop_per_s = r.flops / r.best_seconds;
+  r.flop_per_cpu_s = r.flops / r.best_cpu_seconds;
   return r;
 }
 
-// The peak of a dtype: the best FLOP/s over the sizes measured.
-inline double gemm_peak(const std::vector<GemmResult>& results, c10::ScalarType dtype) {
+// The peak of a dtype: the best FLOP/s over the sizes measured (wall or CPU time).
+inline double gemm_peak(const std::vector<GemmResult>& results, c10::ScalarType dtype,
+                        bool cpu_time = false) {
   double peak = 0;
   for (const auto& r : results) {
-    if (r.dtype == dtype) peak = std::max(peak, r.flop_per_s);
+    if (r.dtype == dtype) peak = std::max(peak, cpu_time ? r.flop_per_cpu_s : r.flop_per_s);
   }
   return peak;
 }
 
 inline nlohmann::json to_json(const GemmResult& r) {
-  return {{"n", r.n},         {"dtype", dtype_name(r.dtype)},
-          {"reps", r.reps},   {"best_seconds", r.best_seconds},
-          {"flops", r.flops}, {"gflop_per_s", r.flop_per_s / 1e9}};
+  return {{"n", r.n},
+          {"dtype", dtype_name(r.dtype)},
+          {"reps", r.reps},
+          {"best_seconds", r.best_seconds},
+          {"flops", r.flops},
+          {"gflop_per_s", r.flop_per_s / 1e9},
+          {"best_cpu_seconds", r.best_cpu_seconds},
+          {"gflop_per_cpu_s", r.flop_per_cpu_s / 1e9}};
 }
 
 inline std::vector<int64_t> parse_int_list(const std::string& s, const std::string& flag) {

@@ -7,7 +7,9 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "backends/backend.h"
 #include "backends/error.h"
+#include "models/common/kernels.h"
 #include "models/registry.h"
 
 namespace xfuser::models {
@@ -43,6 +45,13 @@ void XFuserModel::load(const std::filesystem::path& pipeline_dir, const ModelLoa
   c10::InferenceMode guard;
   load_components(pipeline_dir, options);
   load_options_ = options;
+  // The overridable ops, through the backend contract (compile -> override -> eager).
+  backends::Backend& backend = backends::backend_for("cpu");
+  const size_t before = backend.timeline().size();
+  kernels_ = std::make_unique<KernelTable>(
+      KernelTable::resolve(backend, options.compile, options.kernel_overrides));
+  const auto all = backend.timeline();
+  backend_timeline_.assign(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
   loaded_ = true;
 }
 
@@ -56,6 +65,7 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
       spec_.id, ": ", request.negative_prompts.size(), " negative prompts for ",
       request.prompts.size(), " prompts (give none, or one per prompt)");
   c10::InferenceMode guard;
+  KernelScope kernel_scope(kernels_.get());
   GenerationOutput out;
   auto t0 = Clock::now();
   std::unique_ptr<State> state = begin(request);

@@ -24,6 +24,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include "backends/backend.h"
+
 namespace xfuser::parallel {
 class ProcessGroups;
 }
@@ -31,6 +33,7 @@ class ProcessGroups;
 namespace xfuser::models {
 
 struct ModelSpec;
+struct KernelTable;
 
 // Fully resolved inputs of one generation (model defaults already applied).
 struct GenerationRequest {
@@ -62,6 +65,11 @@ struct ModelLoadOptions {
   c10::ScalarType dtype = c10::kFloat;  // compute dtype of the transformer and text encoders
   bool enable_tiling = false;
   bool enable_slicing = false;
+  // --use_torch_compile: try the backend's compile path for every overridable op.
+  bool compile = false;
+  // Hand-written kernels registered by the backend (backends/kernels.h); false runs the eager
+  // reference ops (XFUSER_KERNEL_OVERRIDES=0).
+  bool kernel_overrides = true;
 };
 
 class XFuserModel {
@@ -77,6 +85,10 @@ class XFuserModel {
   void load(const std::filesystem::path& pipeline_dir, const ModelLoadOptions& options);
   bool loaded() const { return loaded_; }
   const ModelLoadOptions& load_options() const { return load_options_; }
+  // What load() chose for every overridable op and why (compile -> override -> eager).
+  const std::vector<backends::BackendTimelineEntry>& backend_timeline() const {
+    return backend_timeline_;
+  }
 
   // Runs the stages in order, timing each; the request must be fully resolved.
   GenerationOutput generate(const GenerationRequest& request);
@@ -118,6 +130,8 @@ class XFuserModel {
   ModelLoadOptions load_options_;
   std::function<void(int, int)> step_callback_;
   std::shared_ptr<parallel::ProcessGroups> groups_;
+  std::unique_ptr<KernelTable> kernels_;
+  std::vector<backends::BackendTimelineEntry> backend_timeline_;
 };
 
 }  // namespace xfuser::models

@@ -25,8 +25,7 @@ const std::set<std::string>& not_yet_supported() {
                                               "--profile",
                                               "--dataset_path",
                                               "--batch_size",
-                                              "--resume",
-                                              "--use_torch_compile"};
+                                              "--resume"};
   return flags;
 }
 

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -176,7 +177,15 @@ void Runner::initialize(const ResolvedArgs& args) {
   options.dtype = args.dtype;
   options.enable_tiling = args.config.enable_tiling;
   options.enable_slicing = args.config.enable_slicing;
+  options.compile = args.config.use_torch_compile;
+  if (const char* env = std::getenv("XFUSER_KERNEL_OVERRIDES")) {
+    options.kernel_overrides = std::string(env) != "0";
+  }
   model_->load(model_dir_, options);
+  for (const auto& e : model_->backend_timeline()) {
+    spdlog::debug("backend {}: op {} runs {} ({})", e.backend, e.tag, e.chosen,
+                  e.attempts.front().reason);
+  }
   if (isatty(STDERR_FILENO)) {
     model_->set_step_callback([](int step, int total) {
       std::fprintf(stderr, "\rdenoising step %d/%d", step, total);
@@ -265,6 +274,7 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                         {"tensor_parallel_degree", c.tensor_parallel_degree},
                         {"data_parallel_degree", c.data_parallel_degree},
                         {"use_cfg_parallel", c.use_cfg_parallel},
+                        {"use_torch_compile", c.use_torch_compile},
                         {"warmup_calls", c.warmup_calls},
                         {"num_iterations", c.num_iterations},
                         {"threads", at::get_num_threads()}};
@@ -293,6 +303,18 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                             {"comm", comm}});
     }
     report["iterations"] = iterations;
+    nlohmann::json timeline = nlohmann::json::array();
+    if (model_) {
+      for (const auto& e : model_->backend_timeline()) {
+        nlohmann::json attempts = nlohmann::json::array();
+        for (const auto& a : e.attempts) {
+          attempts.push_back({{"level", a.level}, {"ok", a.ok}, {"reason", a.reason}});
+        }
+        timeline.push_back(
+            {{"tag", e.tag}, {"backend", e.backend}, {"chosen", e.chosen}, {"attempts", attempts}});
+      }
+    }
+    report["backend_timeline"] = timeline;
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
     report["memory"] = {{"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024},

@@ -202,9 +202,11 @@ TEST(Attention, HalfPrecisionInputsKeepFloat32Statistics) {
     auto r = attention(q, k, v, opts);
     EXPECT_EQ(r.out.scalar_type(), dtype);
     EXPECT_EQ(r.lse.scalar_type(), at::kFloat);
-    // Reference on the same (rounded) inputs: only the output rounding differs.
+    // Reference on the same (rounded) inputs. fp16 (chunked path): only the output rounding
+    // differs. bf16 (blocked path): P is also rounded to bf16 for the P V product, as
+    // FlashAttention does (2^-9 relative per probability, then the output's own 2^-9).
     auto ref = naive(q, k, v, 0.25);
-    EXPECT_LE(max_rel_error(r.out, ref.out), dtype == at::kBFloat16 ? 8e-3 : 1e-3);
+    EXPECT_LE(max_rel_error(r.out, ref.out), dtype == at::kBFloat16 ? 1.6e-2 : 1e-3);
     expect_lse_equal(r.lse, ref.lse, 1e-4);
   }
 }

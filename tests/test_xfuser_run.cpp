@@ -223,6 +223,48 @@ int max_pixel_diff(const fs::path& a, const fs::path& b) {
   return (x - y).abs().max().item<int>();
 }
 
+// --use_torch_compile goes through the backend contract: the CPU backend has no compile path,
+// says so in the run report, and the hand-written overrides run; the picture is the same as
+// without the flag, and within one level of the eager reference ops (XFUSER_KERNEL_OVERRIDES=0).
+TEST_F(XfuserRun, UseTorchCompileRecordsTheBackendTimeline) {
+  xfuser::testing::TempDir with, without, eager;
+  std::string log;
+  ASSERT_EQ(
+      run(std::string(kBase) + " --use_torch_compile --output_directory " + with.path().string(),
+          &log),
+      0)
+      << log;
+  ASSERT_EQ(run(std::string(kBase) + " --output_directory " + without.path().string(), &log), 0)
+      << log;
+  ASSERT_EQ(xfuser::testing::run_command(
+                "XFUSER_KERNEL_OVERRIDES=0 XFUSER_CACHE=" + cache_->path().string() + " " +
+                    (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string() + " " + kBase +
+                    " --output_directory " + eager.path().string(),
+                &log),
+            0)
+      << log;
+  auto report = nlohmann::json::parse(read(with / "timings_rank0.json"));
+  EXPECT_TRUE(report["config"]["use_torch_compile"].get<bool>());
+  const auto& timeline = report["backend_timeline"];
+  ASSERT_EQ(timeline.size(), 2u) << timeline.dump(2);
+  for (const auto& e : timeline) {
+    EXPECT_EQ(e["backend"], "cpu");
+    EXPECT_EQ(e["chosen"], "override") << e.dump();
+    ASSERT_GE(e["attempts"].size(), 2u);
+    EXPECT_EQ(e["attempts"][0]["level"], "compile");
+    EXPECT_FALSE(e["attempts"][0]["ok"].get<bool>());
+    EXPECT_NE(e["attempts"][0]["reason"].get<std::string>().find("no compile path"),
+              std::string::npos);
+  }
+  auto eager_report = nlohmann::json::parse(read(eager / "timings_rank0.json"));
+  for (const auto& e : eager_report["backend_timeline"]) EXPECT_EQ(e["chosen"], "eager");
+  at::Tensor a = xfuser::runner::read_png(with / "tiny-flux_u1r1_tc_True_256x256_0.png");
+  at::Tensor b = xfuser::runner::read_png(without / "tiny-flux_u1r1_tc_False_256x256_0.png");
+  at::Tensor c = xfuser::runner::read_png(eager / "tiny-flux_u1r1_tc_False_256x256_0.png");
+  EXPECT_TRUE(at::equal(a, b));
+  EXPECT_LE((a.to(at::kInt) - c.to(at::kInt)).abs().max().item<int>(), 1);
+}
+
 }  // namespace
 
 TEST_F(XfuserRun, UnderMpirunEveryStrategyWritesTheSerialImages) {

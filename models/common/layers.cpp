@@ -8,6 +8,7 @@
 #include "backends/attention.h"
 #include "backends/error.h"
 #include "backends/tensor_util.h"
+#include "models/common/kernels.h"
 
 namespace xfuser::models {
 namespace {
@@ -248,7 +249,7 @@ AdaLayerNormZero::Output AdaLayerNormZero::forward(const at::Tensor& x,
   auto emb = linear_->forward(activate(temb, Activation::kSilu));  // [B, 6D]
   auto c = emb.chunk(6, 1);
   Output o;
-  o.x = layer_norm_no_affine(x, eps_) * (1 + c[1].unsqueeze(1)) + c[0].unsqueeze(1);
+  o.x = kernels().norm_modulate(x, c[0], c[1], eps_);
   o.gate_msa = c[2];
   o.shift_mlp = c[3];
   o.scale_mlp = c[4];
@@ -265,7 +266,7 @@ AdaLayerNormZeroSingle::Output AdaLayerNormZeroSingle::forward(const at::Tensor&
   check_modulation_inputs("AdaLayerNormZeroSingle", x, temb, linear_->in_features());
   auto emb = linear_->forward(activate(temb, Activation::kSilu));  // [B, 3D]
   auto c = emb.chunk(3, 1);
-  return {layer_norm_no_affine(x, eps_) * (1 + c[1].unsqueeze(1)) + c[0].unsqueeze(1), c[2]};
+  return {kernels().norm_modulate(x, c[0], c[1], eps_), c[2]};
 }
 
 AdaLayerNormContinuous::AdaLayerNormContinuous(int64_t dim, int64_t conditioning_dim,
@@ -342,6 +343,17 @@ at::Tensor apply_rotary_emb(const at::Tensor& x, const RotaryTables& rope, Rotar
     rotated = at::cat({im.neg(), re}, -1);
   }
   return (x.to(at::kFloat) * cos + rotated.to(at::kFloat) * sin).to(x.scalar_type());
+}
+
+at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
+  if (is_cpu_half(x)) return x + gate.unsqueeze(1) * y;  // libtorch 1.13: no CPU fp16 addcmul
+  return at::addcmul(x, gate.unsqueeze(1), y);
+}
+
+std::pair<at::Tensor, at::Tensor> apply_rotary_emb_qk(const at::Tensor& q, const at::Tensor& k,
+                                                      const RotaryTables& rope) {
+  if (rope.cos.dim() == 2) return kernels().rope_qk(q, k, rope.cos, rope.sin);
+  return {apply_rotary_emb(q, rope), apply_rotary_emb(k, rope)};  // per-batch tables
 }
 
 // ---- attention hook -----------------------------------------------------------------------------

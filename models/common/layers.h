@@ -217,11 +217,19 @@ enum class RotaryPairing {
   kHalfSplit,    // pairs (i, i + D/2) (use_real_unbind_dim=-2)
 };
 
+// x + gate[:, None] * y in one pass (x, y [B, S, D], gate [B, D]): the gated residual of AdaLN
+// blocks.
+at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y);
+
 // apply_rotary_emb on x [B, S, H, D] with tables [S, D] or [B, S, D]:
 // out = x * cos + rotate(x) * sin in float32 (rotate: (a, b) -> (-b, a) per pair), cast to x's
 // dtype.
 at::Tensor apply_rotary_emb(const at::Tensor& x, const RotaryTables& rope,
                             RotaryPairing pairing = RotaryPairing::kInterleaved);
+// The same on q and k together (interleaved pairs), through the thread's kernel table
+// (models/common/kernels.h): the fused override when the backend has one.
+std::pair<at::Tensor, at::Tensor> apply_rotary_emb_qk(const at::Tensor& q, const at::Tensor& k,
+                                                      const RotaryTables& rope);
 
 // ---- attention hook -----------------------------------------------------------------------------
 

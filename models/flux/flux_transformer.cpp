@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "models/common/kernels.h"
 
 namespace xfuser::models::flux {
 namespace {
@@ -113,10 +114,10 @@ class FluxTransformerBlock : public Module {
     auto nx = norm1_->forward(x, temb);
     auto nc = norm1_context_->forward(c, temb);
 
-    auto img = attn_->project(nx.x);                              // [B, N, H, hd] each
-    auto txt = attn_->project_context(nc.x);                      // [B, L, H, hd] each
-    auto q = apply_rotary_emb(at::cat({txt.q, img.q}, 1), rope);  // [B, L+N, H, hd]
-    auto k = apply_rotary_emb(at::cat({txt.k, img.k}, 1), rope);
+    auto img = attn_->project(nx.x);          // [B, N, H, hd] each
+    auto txt = attn_->project_context(nc.x);  // [B, L, H, hd] each
+    auto [q, k] = apply_rotary_emb_qk(at::cat({txt.q, img.q}, 1), at::cat({txt.k, img.k}, 1),
+                                      rope);  // [B, L+N, H, hd] each
     auto v = at::cat({txt.v, img.v}, 1);
     AttentionCall call;
     call.layer = layer;
@@ -126,15 +127,13 @@ class FluxTransformerBlock : public Module {
     auto img_out = attn_->out(o.narrow(1, l, n));                                 // [B, N, D]
     auto txt_out = attn_->add_out(o.narrow(1, 0, l));                             // [B, L, D]
 
-    x = x + nx.gate_msa.unsqueeze(1) * img_out;
-    auto hx = layer_norm_no_affine(x, kNormEps) * (1 + nx.scale_mlp.unsqueeze(1)) +
-              nx.shift_mlp.unsqueeze(1);
-    x = x + nx.gate_mlp.unsqueeze(1) * ff_->forward(hx);
+    x = gated_residual(x, nx.gate_msa, img_out);
+    auto hx = kernels().norm_modulate(x, nx.shift_mlp, nx.scale_mlp, kNormEps);
+    x = gated_residual(x, nx.gate_mlp, ff_->forward(hx));
 
-    c = c + nc.gate_msa.unsqueeze(1) * txt_out;
-    auto hc = layer_norm_no_affine(c, kNormEps) * (1 + nc.scale_mlp.unsqueeze(1)) +
-              nc.shift_mlp.unsqueeze(1);
-    c = clip_fp16(c + nc.gate_mlp.unsqueeze(1) * ff_context_->forward(hc));
+    c = gated_residual(c, nc.gate_msa, txt_out);
+    auto hc = kernels().norm_modulate(c, nc.shift_mlp, nc.scale_mlp, kNormEps);
+    c = clip_fp16(gated_residual(c, nc.gate_mlp, ff_context_->forward(hc)));
   }
 
  private:
@@ -162,14 +161,13 @@ class FluxSingleTransformerBlock : public Module {
     auto nh = norm_->forward(h, temb);
     auto mlp = activate(proj_mlp_->forward(nh.x), Activation::kGeluTanh);  // [B, S, 4D]
     auto p = attn_->project(nh.x);
-    auto q = apply_rotary_emb(p.q, rope);
-    auto k = apply_rotary_emb(p.k, rope);
+    auto [q, k] = apply_rotary_emb_qk(p.q, p.k, rope);
     AttentionCall call;
     call.layer = layer;
     call.text_tokens = text_tokens;
     call.text_first = true;
     auto o = attend(q, k, p.v, call).reshape({b, s, dim}).to(q.scalar_type());  // [B, S, D]
-    auto out = h + nh.gate.unsqueeze(1) * proj_out_->forward(at::cat({o, mlp}, 2));
+    auto out = gated_residual(h, nh.gate, proj_out_->forward(at::cat({o, mlp}, 2)));
     return clip_fp16(out);
   }
 
