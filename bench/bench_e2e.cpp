@@ -31,11 +31,19 @@
 //      (latents [1, N, 64], T5 embeddings [1, L, J], pooled [1, P], ids, timestep, guidance;
 //      values differ, the dense compute does not depend on them) and times it, so each step is
 //      paired with a forward measured right after it under the same machine load.
-//        step_overhead = median over steps of (step time - paired forward time)
-//          (what a step does outside the transformer: the scheduler step, timestep/guidance
-//          tensors, the state update).
-//      The model's attention op is timed through its attention hook inside the steps and inside
-//      the separate forwards: equal attention times show the forwards do the same work.
+//      The attention hook also marks each forward's attention window (start of layer 0's
+//      attention to the end of the last layer's), inside the step and inside the paired forward.
+//        step_overhead = median over steps of
+//          step time - (step's window + (paired forward time - paired forward's window))
+//          i.e. the step's forward is its own measured window plus the part of a forward outside
+//          the window (embedders, the first block's projections, the last block's tail,
+//          norm_out/proj_out: ~1/blocks of the forward) taken from the paired forward. Noise in
+//          the window, most of the forward, cancels: it is measured in the step itself.
+//        step_overhead_direct = median over steps of (step time - paired forward time): the
+//          plain estimate, as noisy as two separate forwards.
+//      Either is what a step does outside the transformer: the scheduler step, the timestep and
+//      guidance tensors, the state update. The attention time inside each step and inside its
+//      paired forward is reported too: equal times show the forwards do the same work.
 //   runner_overhead = generate_overhead + run_loop_overhead + steps * step_overhead, reported
 //   as a fraction of the generation's wall time (target < 2%).
 #include <filesystem>
@@ -253,13 +261,20 @@ int main(int argc, char** argv) {
       auto* flux = dynamic_cast<FluxModel*>(model.get());
       XF_CHECK(flux != nullptr, "tiny-flux did not create a FluxModel");
       auto& transformer = flux->transformer();
-      double attention_seconds = 0;
-      transformer.set_attention_hook([&attention_seconds](const at::Tensor& q, const at::Tensor& k,
-                                                          const at::Tensor& v,
-                                                          const xfuser::models::AttentionCall& c) {
+      // The attention hook times every attention call and marks the attention window of a
+      // forward: from the start of layer 0's attention to the end of the last layer's.
+      const int64_t last_layer =
+          transformer.config().num_layers + transformer.config().num_single_layers - 1;
+      double attention_seconds = 0, window_start = 0, window_end = 0;
+      transformer.set_attention_hook([&, last_layer](const at::Tensor& q, const at::Tensor& k,
+                                                     const at::Tensor& v,
+                                                     const xfuser::models::AttentionCall& c) {
         const double a0 = xb::now_seconds();
+        if (c.layer == 0) window_start = a0;
         auto o = xfuser::models::local_attention(q, k, v, c);
-        attention_seconds += xb::now_seconds() - a0;
+        const double a1 = xb::now_seconds();
+        attention_seconds += a1 - a0;
+        if (c.layer == last_layer) window_end = a1;
         return o;
       });
       // Inputs with the shapes and dtype of a denoising step (FluxModel's denoise_step).
@@ -277,17 +292,19 @@ int main(int argc, char** argv) {
       in.txt_ids = at::zeros({ec.text_tokens, 3}, opts);
       in.guidance = at::full({1}, resolved.request.guidance_scale, at::kFloat);
 
-      std::vector<double> fwd, fwd_attention, step_attention;
+      std::vector<double> fwd, fwd_attention, step_attention, step_window, fwd_window;
       bool measuring = false;
       double attention_at_step_start = 0;
       model->set_step_callback([&](int, int) {
         if (!measuring) return;
         step_attention.push_back(attention_seconds - attention_at_step_start);
+        step_window.push_back(window_end - window_start);  // the step's forward
         const double a_before = attention_seconds;
         const double f0 = xb::now_seconds();
         transformer.forward(in);
         fwd.push_back(xb::now_seconds() - f0);
         fwd_attention.push_back(attention_seconds - a_before);
+        fwd_window.push_back(window_end - window_start);
         attention_at_step_start = attention_seconds;
       });
       for (int i = 0; i < warmup; ++i) model->generate(resolved.request);
@@ -295,15 +312,21 @@ int main(int argc, char** argv) {
       attention_at_step_start = attention_seconds;
       const auto paired = model->generate(resolved.request);
       measuring = false;
-      std::vector<double> step_times, step_minus_fwd;
+      std::vector<double> step_times, step_minus_fwd, step_outside;
       for (const auto& st : paired.timings) {
         if (st.name == "denoise_step") step_times.push_back(st.seconds);
       }
       XF_CHECK(step_times.size() == fwd.size() && step_times.size() == size_t(steps),
                "expected ", steps, " steps paired with forwards, got ", step_times.size(), " and ",
                fwd.size());
-      for (size_t i = 0; i < step_times.size(); ++i) step_minus_fwd.push_back(step_times[i] - fwd[i]);
-      const double step_overhead = xb::median(step_minus_fwd);
+      for (size_t i = 0; i < step_times.size(); ++i) {
+        step_minus_fwd.push_back(step_times[i] - fwd[i]);
+        // The step's forward = its attention window (measured in the step) + the part of a
+        // forward outside the window (measured in the paired forward).
+        step_outside.push_back(step_times[i] - step_window[i] - (fwd[i] - fwd_window[i]));
+      }
+      const double step_overhead = xb::median(step_outside);
+      const double step_overhead_direct = xb::median(step_minus_fwd);
       model.reset();
 
       const double runner_overhead = gen_overhead + run_loop_overhead + steps * step_overhead;
@@ -343,10 +366,14 @@ int main(int argc, char** argv) {
             {"forward_seconds", fwd},
             {"step_attention_seconds", step_attention},
             {"forward_attention_seconds", fwd_attention},
+            {"step_attention_window_seconds", step_window},
+            {"forward_attention_window_seconds", fwd_window},
             {"forward_timing",
-             "separate forward of identical-shape inputs right after each step (step callback)"}}},
+             "separate forward of identical-shape inputs right after each step (step callback); "
+             "step overhead = step - step's attention window - (forward - forward's window)"}}},
           {"forward_seconds", xb::median(fwd)},
           {"step_overhead_seconds", step_overhead},
+          {"step_overhead_direct_seconds", step_overhead_direct},
           {"step_overhead_fraction", step_overhead / xb::median(step_times)},
           {"runner_overhead_seconds", runner_overhead},
           {"runner_overhead_fraction", runner_overhead / total_median},
