@@ -142,7 +142,14 @@ int main(int argc, char** argv) {
   try {
     xb::Args args(argc, argv, {"no-cold"});
     args.check_known({"size-gb", "dir", "reps", "no-cold", "out"});
-    const double want_gb = std::stod(args.get("size-gb", "2"));
+    double want_gb = 0;
+    try {
+      size_t used = 0;
+      want_gb = std::stod(args.get("size-gb", "2"), &used);
+      XF_CHECK(used == args.get("size-gb", "2").size(), "trailing characters");
+    } catch (const std::exception&) {
+      XF_THROW("--size-gb expects a number of GB, got '", args.get("size-gb", ""), "'");
+    }
     XF_CHECK(want_gb > 0 && want_gb <= 64, "--size-gb must be in (0, 64], got ", want_gb);
     const int reps = static_cast<int>(args.get_int("reps", 3));
     XF_CHECK(reps >= 1, "--reps must be >= 1");
