@@ -16,92 +16,16 @@
 
 #include "backends/backend.h"
 #include "bench/bench_common.h"
+#include "bench/bench_flux_configs.h"
 #include "models/common/kernels.h"
 #include "models/flux/flux_transformer.h"
 
 namespace xb = xfuser::bench;
+using xb::BenchConfig;
+using xb::median;
 using xfuser::models::flux::FluxConfig;
 using xfuser::models::flux::FluxInputs;
 using xfuser::models::flux::FluxTransformer2DModel;
-
-namespace {
-
-struct BenchConfig {
-  std::string name;
-  int64_t heads = 0;
-  int64_t double_blocks = 0;
-  int64_t single_blocks = 0;
-  int64_t grid = 0;  // image tokens = grid * grid
-  int64_t text_tokens = 0;
-  int default_reps = 0;
-};
-
-const std::vector<BenchConfig>& bench_configs() {
-  static const std::vector<BenchConfig> configs = {
-      {"tiny", 2, 1, 1, 16, 64, 10},
-      {"small", 4, 4, 8, 32, 128, 5},
-      {"medium", 8, 8, 16, 32, 256, 3},
-  };
-  return configs;
-}
-
-FluxConfig flux_config(const BenchConfig& b) {
-  FluxConfig c;
-  c.patch_size = 1;
-  c.in_channels = 64;
-  c.num_layers = b.double_blocks;
-  c.num_single_layers = b.single_blocks;
-  c.attention_head_dim = 128;
-  c.num_attention_heads = b.heads;
-  c.joint_attention_dim = 512;
-  c.pooled_projection_dim = 128;
-  c.guidance_embeds = true;
-  c.axes_dims_rope = {16, 56, 56};
-  c.validate("bench_flux config " + b.name);
-  return c;
-}
-
-// Analytic FLOPs of one forward (multiply-add = 2 FLOP), S = image + text tokens, D = hidden:
-//   per block, linear layers: 2 * 12 * D^2 * S
-//     double block: q,k,v (3 D^2) + attention out (D^2) + MLP D->4D->D (8 D^2) = 12 D^2 per
-//                   token, counted once per token over both streams (image N + text L = S);
-//     single block: q,k,v (3 D^2) + MLP up D->4D (4 D^2) + proj_out 5D->D (5 D^2) = 12 D^2;
-//   per block, attention: 4 * S^2 * D  (Q K^T and P V, 2 S^2 D each, over all heads);
-//   total = (double + single blocks) * (24 D^2 S + 4 S^2 D).
-// Not counted (small here): the embedders, AdaLN modulation linears on the [B, D] conditioning,
-// norm_out/proj_out, norms, RoPE, softmax and element-wise work.
-double forward_flops(const FluxConfig& c, int64_t tokens) {
-  const double d = static_cast<double>(c.inner_dim());
-  const double s = static_cast<double>(tokens);
-  const double per_block = 2.0 * 12.0 * d * d * s + 4.0 * s * s * d;
-  return static_cast<double>(c.num_layers + c.num_single_layers) * per_block;
-}
-
-// Pipeline-like inputs: image ids (0, row, col) on the grid, text ids zero.
-FluxInputs make_inputs(const FluxConfig& c, const BenchConfig& b) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
-  const int64_t n = b.grid * b.grid;
-  FluxInputs in;
-  in.hidden_states = at::empty({1, n, c.in_channels}).normal_(0.0, 1.0, gen);  // [1, N, C]
-  in.encoder_hidden_states =
-      at::empty({1, b.text_tokens, c.joint_attention_dim}).normal_(0.0, 1.0, gen);  // [1, L, J]
-  in.pooled_projections = at::empty({1, c.pooled_projection_dim}).normal_(0.0, 1.0, gen);
-  in.timestep = at::full({1}, 0.5);
-  in.guidance = at::full({1}, 3.5);
-  auto rows = at::arange(b.grid, at::kFloat).repeat_interleave(b.grid);  // [N]
-  auto cols = at::arange(b.grid, at::kFloat).repeat({b.grid});           // [N]
-  in.img_ids = at::stack({at::zeros({n}), rows, cols}, 1);               // [N, 3]
-  in.txt_ids = at::zeros({b.text_tokens, 3});                            // [L, 3]
-  return in;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   try {
@@ -115,26 +39,10 @@ int main(int argc, char** argv) {
     XF_CHECK(reps_override >= 0 && warmup >= 0, "--reps and --warmup must be >= 0");
     const auto gemm_sizes = xb::parse_int_list(args.get("gemm-sizes", "2048,4096"), "gemm-sizes");
 
-    const std::string config_list = "," + args.get("configs", "tiny,small,medium") + ",";
-    const std::string dtype_list = "," + args.get("dtypes", "fp32,bf16") + ",";
-    std::vector<BenchConfig> configs;
-    for (const auto& b : bench_configs()) {
-      if (config_list.find("," + b.name + ",") != std::string::npos) configs.push_back(b);
-    }
-    for (size_t start = 1; start < config_list.size();) {  // reject unknown names
-      const size_t comma = config_list.find(',', start);
-      const std::string item = config_list.substr(start, comma - start);
-      bool known = item.empty();
-      for (const auto& b : bench_configs()) known = known || b.name == item;
-      XF_CHECK(known, "--configs: unknown config '", item, "' (tiny, small, medium)");
-      start = comma + 1;
-    }
-    std::vector<c10::ScalarType> dtypes;
-    for (const auto& name : {std::string("fp32"), std::string("bf16")}) {
-      if (dtype_list.find("," + name + ",") != std::string::npos)
-        dtypes.push_back(xb::parse_dtype(name));
-    }
-    XF_CHECK(!configs.empty() && !dtypes.empty(), "--configs / --dtypes select nothing");
+    const std::vector<BenchConfig> configs =
+        xb::select_configs(args.get("configs", "tiny,small,medium"), "configs");
+    const std::vector<c10::ScalarType> dtypes =
+        xb::select_dtypes(args.get("dtypes", "fp32,bf16"), "dtypes");
 
     c10::InferenceMode guard;
     // The overridable ops as the runner resolves them ("backend": compile -> override -> eager
@@ -162,10 +70,10 @@ int main(int argc, char** argv) {
 
     nlohmann::json runs = nlohmann::json::array();
     for (const auto& b : configs) {
-      const FluxConfig cfg = flux_config(b);
-      const FluxInputs inputs = make_inputs(cfg, b);
+      const FluxConfig cfg = xb::flux_config(b);
+      const FluxInputs inputs = xb::make_inputs(cfg, b);
       const int64_t tokens = b.grid * b.grid + b.text_tokens;
-      const double flops = forward_flops(cfg, tokens);
+      const double flops = xb::forward_flops(cfg, tokens);
       const int reps = reps_override > 0 ? reps_override : b.default_reps;
       for (auto dtype : dtypes) {
         FluxTransformer2DModel model(cfg);
