@@ -1,8 +1,13 @@
 #include "models/xfuser_model.h"
 
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <string>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -17,15 +22,39 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// XFUSER_INJECT_FAILURE="RANK:STEP": that rank throws at the start of that denoising step
-// (0-based). For testing that a failing rank ends the whole job.
-std::optional<std::pair<int, int>> injected_failure() {
+// XFUSER_INJECT_FAILURE="RANK:STEP[:KIND]": that rank fails at the start of that denoising step
+// (0-based). KIND: throw (default: an xfuser::Error), segv (raises SIGSEGV), abort (std::abort),
+// stall (sleeps for an hour, as a hung rank). For testing that any failing rank ends the job.
+struct InjectedFailure {
+  int rank = -1;
+  int step = -1;
+  std::string kind = "throw";
+};
+
+std::optional<InjectedFailure> injected_failure() {
   const char* env = std::getenv("XFUSER_INJECT_FAILURE");
   if (!env || !*env) return std::nullopt;
-  int rank = -1, step = -1;
-  XF_CHECK(std::sscanf(env, "%d:%d", &rank, &step) == 2 && rank >= 0 && step >= 0,
-           "XFUSER_INJECT_FAILURE must be RANK:STEP (got '", env, "')");
-  return std::make_pair(rank, step);
+  InjectedFailure f;
+  char kind[16] = "throw";
+  const int n = std::sscanf(env, "%d:%d:%15s", &f.rank, &f.step, kind);
+  f.kind = kind;
+  XF_CHECK(n >= 2 && f.rank >= 0 && f.step >= 0 &&
+               (f.kind == "throw" || f.kind == "segv" || f.kind == "abort" || f.kind == "stall"),
+           "XFUSER_INJECT_FAILURE must be RANK:STEP[:throw|segv|abort|stall] (got '", env, "')");
+  return f;
+}
+
+void inject(const InjectedFailure& f, int step) {
+  if (f.rank != process_rank() || f.step != step) return;
+  if (f.kind == "segv") std::raise(SIGSEGV);
+  if (f.kind == "abort") std::abort();
+  if (f.kind == "stall") {
+    std::fprintf(stderr, "[rank %d] injected stall (XFUSER_INJECT_FAILURE) at step %d, pid %d\n",
+                 process_rank(), step, static_cast<int>(::getpid()));
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+  XF_THROW("injected failure (XFUSER_INJECT_FAILURE) on rank ", process_rank(), " at step ", step);
 }
 
 template <typename F>
@@ -78,11 +107,10 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
     out.timings.push_back({"prepare_latents", -1, timed([&] { prepare_latents(*state); })});
   }
   const int steps = num_steps(*state);
-  const auto inject = injected_failure();
+  const auto injected = injected_failure();
   for (int i = 0; i < steps; ++i) {
     XF_CONTEXT("denoising step ", i + 1, "/", steps);
-    XF_CHECK(!(inject && inject->first == process_rank() && inject->second == i),
-             "injected failure (XFUSER_INJECT_FAILURE) on rank ", process_rank(), " at step ", i);
+    if (injected) inject(*injected, i);
     out.timings.push_back({"denoise_step", i, timed([&] { denoise_step(*state, i); })});
     if (step_callback_) step_callback_(i + 1, steps);
   }

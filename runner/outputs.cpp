@@ -11,6 +11,7 @@
 #include <random>
 
 #include <ATen/ATen.h>
+#include <sys/statvfs.h>
 
 #include "backends/error.h"
 
@@ -181,6 +182,16 @@ void ensure_writable_directory(const fs::path& dir) {
   XF_CHECK(fs::is_directory(dir, ec), "--output_directory ", dir.string(), " is not a folder");
   XF_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "--output_directory ", dir.string(),
            " is not writable: ", std::strerror(errno));
+}
+
+void check_free_space(const fs::path& dir, uint64_t bytes, const std::string& what) {
+  struct statvfs st {};
+  XF_CHECK(::statvfs(dir.c_str(), &st) == 0, "--output_directory ", dir.string(),
+           ": cannot read the free space: ", std::strerror(errno));
+  const uint64_t available = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  auto mib = [](uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; };
+  XF_CHECK(available >= bytes, "--output_directory ", dir.string(), " has ", mib(available),
+           " free, but ", what, " need about ", mib(bytes), " (", bytes, " bytes)");
 }
 
 }  // namespace xfuser::runner

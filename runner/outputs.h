@@ -41,4 +41,8 @@ std::string output_file_name(const std::string& name, int ulysses, int ring, boo
 // Checks that `dir` exists (creating it if needed) and is writable; error names the folder.
 void ensure_writable_directory(const std::filesystem::path& dir);
 
+// Checks that the file system of `dir` has at least `bytes` available to this user; the error
+// names the folder, both sizes and `what` is to be written.
+void check_free_space(const std::filesystem::path& dir, uint64_t bytes, const std::string& what);
+
 }  // namespace xfuser::runner

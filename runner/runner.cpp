@@ -20,6 +20,7 @@
 #include "models/registry.h"
 #include "models/weights/hub_cache.h"
 #include "parallel/process_groups.h"
+#include "runner/fault_handler.h"
 #include "runner/outputs.h"
 
 namespace xfuser::runner {
@@ -169,6 +170,9 @@ fs::path resolve_model_dir(const ResolvedArgs& args) {
 void Runner::initialize(const ResolvedArgs& args) {
   const models::ModelSpec& spec = *args.spec;
   ensure_writable_directory(args.config.output_directory);
+  check_free_space(args.config.output_directory, estimated_output_bytes(args),
+                   "this rank's images and reports");
+  check_stop_requested("before loading the model");
   model_dir_ = resolve_model_dir(args);
   spdlog::info("loading {} from {} ({})", spec.id, model_dir_.string(), args.config.dtype);
   model_ = spec.create(spec);
@@ -186,13 +190,27 @@ void Runner::initialize(const ResolvedArgs& args) {
     spdlog::debug("backend {}: op {} runs {} ({})", e.backend, e.tag, e.chosen,
                   e.attempts.front().reason);
   }
-  if (isatty(STDERR_FILENO)) {
-    model_->set_step_callback([](int step, int total) {
+  // Progress on a terminal; after every step, a SIGTERM/SIGINT received stops the run.
+  model_->set_step_callback([tty = isatty(STDERR_FILENO) != 0](int step, int total) {
+    spdlog::debug("denoising step {}/{}", step, total);
+    if (tty) {
       std::fprintf(stderr, "\rdenoising step %d/%d", step, total);
       if (step == total) std::fprintf(stderr, "\n");
       std::fflush(stderr);
-    });
-  }
+    }
+    check_stop_requested("after denoising step " + std::to_string(step) + "/" +
+                         std::to_string(total));
+  });
+}
+
+uint64_t Runner::estimated_output_bytes(const ResolvedArgs& args) const {
+  // PNG: at most the raw pixels plus one filter byte per row, deflate's stored-block overhead
+  // (5 bytes per 64 KiB) and the text chunks; the JSON reports are small.
+  const uint64_t raw = static_cast<uint64_t>(args.request.height) *
+                       (static_cast<uint64_t>(args.request.width) * 3 + 1);
+  const uint64_t per_image = raw + raw / 8192 + 16384;
+  const uint64_t images = writes_images() ? args.request.prompts.size() : 0;
+  return images * per_image + (1u << 20);
 }
 
 RunResult Runner::run(const ResolvedArgs& args) {
@@ -204,10 +222,12 @@ RunResult Runner::run(const ResolvedArgs& args) {
     return result;
   }
   for (int i = 0; i < args.config.warmup_calls; ++i) {
+    check_stop_requested("before warm-up call " + std::to_string(i + 1));
     spdlog::info("warm-up call {}/{}", i + 1, args.config.warmup_calls);
     model_->generate(args.request);
   }
   for (int i = 0; i < args.config.num_iterations; ++i) {
+    check_stop_requested("before iteration " + std::to_string(i + 1));
     if (groups_) groups_->reset_stats();  // count each timed iteration on its own
     auto out = model_->generate(args.request);
     if (groups_) result.comm.push_back(groups_->stats());

@@ -74,6 +74,8 @@ class Runner {
 
  private:
   bool writes_images() const;
+  // Upper bound of the bytes this rank writes to --output_directory (checked before loading).
+  uint64_t estimated_output_bytes(const ResolvedArgs& args) const;
   int rank() const;
   bool writes_timings() const;
 

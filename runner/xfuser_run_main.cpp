@@ -13,11 +13,13 @@
 #include "parallel/mpi_env.h"
 #include "parallel/process_groups.h"
 #include "parallel/world_config.h"
+#include "runner/fault_handler.h"
 #include "runner/run_config.h"
 #include "runner/runner.h"
 
 int main(int argc, char** argv) {
   using namespace xfuser;
+  runner::install_fault_handlers(-1);
   runner::RunConfig config;
   CLI::App app{"xfuser-run: parallel diffusion-transformer inference (xDiT's runner, natively)"};
   runner::add_run_flags(app, config);
@@ -31,9 +33,13 @@ int main(int argc, char** argv) {
   try {
     parallel::MpiEnvironment mpi(&argc, &argv);
     world_size = mpi.size();
+    runner::install_fault_handlers(mpi.rank());
+    if (world_size > 1) runner::start_parent_watchdog();
     init_logging(mpi.rank(), config.log_level);
     auto unsupported = runner::unsupported_flags_used(app);
     XF_CHECK(unsupported.empty(), unsupported.front(), " is not supported yet");
+    // Flag values first, so a bad value is named by its flag before the mesh is built from it.
+    runner::validate_values(config);
     // The degrees must multiply to the world size (the error names every degree).
     const auto world_config = parallel::WorldConfig::from_degrees(
         world_size, config.data_parallel_degree, config.use_cfg_parallel ? 2 : 1,

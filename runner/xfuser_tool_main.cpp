@@ -8,10 +8,12 @@
 #include "backends/error.h"
 #include "backends/logging.h"
 #include "parallel/mpi_env.h"
+#include "runner/fault_handler.h"
 #include "runner/tool/commands.h"
 
 int main(int argc, char** argv) {
   xfuser::init_logging(-1);
+  xfuser::runner::install_fault_handlers(-1);
   CLI::App app{"xfuser: tools for xfuser models and checkpoints"};
   app.require_subcommand(1);
   xfuser::runner::tool::register_commands(app);

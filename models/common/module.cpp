@@ -48,7 +48,7 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
                   const LoadOptions& options) {
   XF_CONTEXT("loading weights from ", source.describe());
   auto params = named_parameters();
-  std::vector<std::string> missing, mismatched, unexpected;
+  std::vector<std::string> missing, mismatched, unexpected, wrong_dtype;
   std::set<std::string> claimed;
   for (auto& [name, slot] : params) {
     const std::string full = prefix + name;
@@ -62,6 +62,12 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
       mismatched.push_back(full + ": checkpoint " + shape_string(info.shape) + ", model expects " +
                            shape_string(slot->shape));
     }
+    // Weights are floating point: an integer or bool tensor would be cast to garbage silently.
+    const auto want = slot->dtype.value_or(dtype);
+    if (at::isFloatingType(want) && !at::isFloatingType(info.dtype)) {
+      wrong_dtype.push_back(full + ": checkpoint " + info.dtype_name +
+                            ", model expects a floating-point type");
+    }
   }
   if (!options.allow_unexpected) {
     for (const auto& name : source.names()) {
@@ -72,11 +78,12 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
       if (!ignored) unexpected.push_back(name);
     }
   }
-  if (!missing.empty() || !mismatched.empty() || !unexpected.empty()) {
+  if (!missing.empty() || !mismatched.empty() || !unexpected.empty() || !wrong_dtype.empty()) {
     std::ostringstream os;
     os << "state dict does not match the model (" << missing.size() << " missing, "
-       << mismatched.size() << " shape mismatches, " << unexpected.size() << " unexpected) in "
-       << source.describe();
+       << mismatched.size() << " shape mismatches, " << unexpected.size() << " unexpected";
+    if (!wrong_dtype.empty()) os << ", " << wrong_dtype.size() << " dtype mismatches";
+    os << ") in " << source.describe();
     auto list = [&](const char* title, const std::vector<std::string>& items) {
       if (items.empty()) return;
       os << "\n  " << title << ":";
@@ -84,6 +91,7 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
     };
     list("missing tensors", missing);
     list("shape mismatches", mismatched);
+    list("dtype mismatches", wrong_dtype);
     list("unexpected tensors", unexpected);
     XF_THROW(os.str());
   }

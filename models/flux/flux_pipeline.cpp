@@ -13,6 +13,7 @@
 #include "models/tokenizers/tokenizer.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/weights/component_folder.h"
+#include "models/weights/hub_cache.h"
 #include "parallel/process_groups.h"
 
 namespace xfuser::models::flux {
@@ -67,16 +68,7 @@ void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& opt
   register_builtin_components();
   dtype_ = options.dtype;
   {
-    std::ifstream in(dir / "model_index.json");
-    XF_CHECK(in.good(), "cannot read ", (dir / "model_index.json").string());
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      XF_THROW("malformed ", (dir / "model_index.json").string(), ": ", e.what());
-    }
-    XF_CHECK(index.is_object(), "malformed ", (dir / "model_index.json").string(),
-             ": expected a JSON object");
+    const nlohmann::json index = read_model_index(dir);
     for (const char* name : {"scheduler", "text_encoder", "text_encoder_2", "tokenizer",
                              "tokenizer_2", "transformer", "vae"}) {
       XF_CHECK(index.contains(name), (dir / "model_index.json").string(), " lists no '", name,

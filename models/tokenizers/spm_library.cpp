@@ -16,7 +16,15 @@ constexpr size_t kErrorLen = 1024;
 
 // RTLD_DEEPBIND keeps sentencepiece's protobuf symbols bound to its own copy; AddressSanitizer
 // refuses DEEPBIND, so sanitizer builds load with RTLD_LOCAL only.
+// (gcc defines __SANITIZE_ADDRESS__, clang answers __has_feature(address_sanitizer).)
 #if defined(__SANITIZE_ADDRESS__)
+#define XF_SPM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define XF_SPM_ASAN 1
+#endif
+#endif
+#if defined(XF_SPM_ASAN)
 constexpr int kDlopenFlags = RTLD_NOW | RTLD_LOCAL;
 #else
 constexpr int kDlopenFlags = RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND;

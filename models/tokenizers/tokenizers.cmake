@@ -9,8 +9,9 @@ target_compile_options(xfuser_spm PRIVATE -Wall -Wextra -Wno-unused-parameter)
 target_link_libraries(xfuser_spm PRIVATE PkgConfig::SENTENCEPIECE)
 set_target_properties(xfuser_spm PROPERTIES CXX_VISIBILITY_PRESET hidden
   VISIBILITY_INLINES_HIDDEN ON)
-if(XFUSER_SANITIZE)
-  target_compile_options(xfuser_spm PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer)
+if(XFUSER_SANITIZE OR XFUSER_FUZZ)
+  target_compile_options(xfuser_spm PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer
+    $<$<BOOL:${XFUSER_FUZZ}>:-fsanitize=fuzzer-no-link>)
   target_link_options(xfuser_spm PRIVATE -fsanitize=address,undefined)
 endif()
 

@@ -84,4 +84,27 @@ void check_pipeline_folder(const fs::path& dir) {
            "scheduler/, text_encoder/, tokenizer/, transformer/, vae/, ...)");
 }
 
+nlohmann::json read_model_index(const fs::path& dir) {
+  const fs::path path = dir / "model_index.json";
+  std::ifstream in(path, std::ios::binary);
+  XF_CHECK(in.good(), "cannot read ", path.string());
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    XF_THROW("malformed ", path.string(), ": not valid JSON: ", e.what());
+  }
+  XF_CHECK(index.is_object(), "malformed ", path.string(), ": expected a JSON object, got ",
+           index.type_name());
+  for (const auto& [key, value] : index.items()) {
+    if (!key.empty() && key[0] == '_') continue;
+    const bool pair = value.is_array() && value.size() == 2 &&
+                      ((value[0].is_string() && value[1].is_string()) ||
+                       (value[0].is_null() && value[1].is_null()));
+    XF_CHECK(pair, "malformed ", path.string(), ": component '", key,
+             "' must be a [library, class] pair of strings, got ", value.dump());
+  }
+  return index;
+}
+
 }  // namespace xfuser::models

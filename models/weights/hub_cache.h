@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace xfuser::models {
 
 // The hub cache folders searched, in order: $HF_HUB_CACHE, $HF_HOME/hub,
@@ -23,5 +25,10 @@ std::filesystem::path find_in_hub_cache(const std::string& repo_id,
 // Checks a diffusers pipeline folder: it exists and has model_index.json (error names the
 // folder and what is missing).
 void check_pipeline_folder(const std::filesystem::path& dir);
+
+// Reads and checks dir/model_index.json: a JSON object whose component entries (keys not
+// starting with '_') are [library, class] pairs of strings (or [null, null] for an absent
+// component). Errors name the file, the entry and what was expected.
+nlohmann::json read_model_index(const std::filesystem::path& dir);
 
 }  // namespace xfuser::models

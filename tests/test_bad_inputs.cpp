@@ -1,0 +1,317 @@
+// Bad inputs, named (issue [F] item 3; the table is docs/errors.md): every case runs xfuser-run
+// (or mpirun + xfuser-run) on a bad flag, checkpoint or environment and asserts the exit status
+// is non-zero, the error text names the thing and what was expected, and nothing was written.
+// Dataset inputs (missing, empty, bad CSV quoting, invalid UTF-8) belong to the dataset readers
+// and are added with them.
+#include <unistd.h>
+
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
+#include "models/weights/safetensors.h"
+#include "runner/outputs.h"
+#include "tests/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::string bin(const std::string& name) {
+  return (xfuser::testing::binary_dir() / "bin" / name).string();
+}
+
+// A case: how to break the input (given a fresh copy of a tiny FLUX pipeline folder and an
+// empty output folder) -> the command's arguments; and the texts the error must contain.
+struct Case {
+  std::string name;
+  std::function<std::string(const fs::path& pipe, const fs::path& out)> args;
+  std::vector<std::string> expected;
+  int np = 1;  // > 1: under mpirun
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+const std::string kRun = " --model tiny-flux --prompt x --height 32 --width 32 ";
+
+// Flags only: the embedded tiny model.
+Case flags(const std::string& name, const std::string& args, std::vector<std::string> expected) {
+  return {name,
+          [args](const fs::path&, const fs::path& out) {
+            return args + " --output_directory " + out.string();
+          },
+          std::move(expected)};
+}
+
+// A checkpoint edit on the pipeline copy, then a run from it.
+Case pipeline(const std::string& name, std::function<void(const fs::path&)> edit,
+              std::vector<std::string> expected) {
+  return {name,
+          [edit](const fs::path& pipe, const fs::path& out) {
+            edit(pipe);
+            return kRun + " --model_path " + pipe.string() + " --output_directory " + out.string();
+          },
+          std::move(expected)};
+}
+
+// Rewrites a safetensors file with `change` applied to its tensors.
+void rewrite_tensors(const fs::path& file,
+                     const std::function<void(std::map<std::string, at::Tensor>&)>& change) {
+  std::map<std::string, at::Tensor> tensors;
+  {
+    xfuser::models::SafetensorsFile f(file.string());
+    for (const auto& n : f.names()) tensors[n] = f.get(n).clone();
+  }
+  change(tensors);
+  xfuser::models::save_safetensors(file.string(), tensors);
+}
+
+void edit_json(const fs::path& file, const std::function<void(nlohmann::json&)>& change) {
+  auto j = nlohmann::json::parse(read_file(file));
+  change(j);
+  write_file(file, j.dump());
+}
+
+const fs::path kTransformer = fs::path("transformer") / "diffusion_pytorch_model.safetensors";
+const std::string kQ = "transformer_blocks.0.attn.to_q.weight";
+
+std::vector<Case> cases() {
+  std::vector<Case> c = {
+      // ---- CLI values ----
+      flags("ZeroSteps", kRun + "--num_inference_steps 0",
+            {"--num_inference_steps must be >= 1 (got 0)"}),
+      flags("NegativeSteps", kRun + "--num_inference_steps -3",
+            {"--num_inference_steps must be >= 1 (got -3)"}),
+      flags("HeightNotMultipleOf16", "--model tiny-flux --prompt x --height 250",
+            {"--height must be a positive multiple of 16 (got 250)"}),
+      flags("WidthNotMultipleOf16", "--model tiny-flux --prompt x --width 100",
+            {"--width must be a positive multiple of 16 (got 100)"}),
+      flags("ZeroHeight", "--model tiny-flux --prompt x --height 0",
+            {"--height must be a positive multiple of 16 (got 0)"}),
+      flags("WidthTooLarge", "--model tiny-flux --prompt x --width 32768",
+            {"--width must be at most 16384 (got 32768)"}),
+      flags("UnknownModel", "--model no-such-model --prompt x", {"unknown model 'no-such-model'"}),
+      flags("NoModel", "--prompt x", {"--model is required"}),
+      flags("DegreesExceedWorldSize", kRun + "--ulysses_degree 2",
+            {"ulysses 2", "but the world size is 1"}),
+      flags("ZeroDegree", kRun + "--ring_degree 0", {"--ring_degree must be >= 1 (got 0)"}),
+      flags("NanGuidance", kRun + "--guidance_scale nan",
+            {"--guidance_scale must be a finite number (got nan)"}),
+      flags("InfGuidance", kRun + "--guidance_scale inf",
+            {"--guidance_scale must be a finite number (got inf)"}),
+      flags("NegativeInfTrueCfg", kRun + "--negative_prompt y --true_cfg_scale -inf",
+            {"--true_cfg_scale must be a finite number (got -inf)"}),
+      flags("NegativeGuidance", kRun + "--guidance_scale -1",
+            {"--guidance_scale must be >= 0 (got -1)"}),
+      flags("NoPrompt", "--model tiny-flux", {"--prompt is required"}),
+      flags("EmptyPrompt", "--model tiny-flux --prompt ''", {"--prompt 0 is empty"}),
+      flags("NegativePromptCount",
+            kRun + "--prompt y --prompt z --negative_prompt a --negative_prompt b",
+            {"--negative_prompt: give one, or one per --prompt (3), got 2"}),
+      flags("ZeroCommTimeout", kRun + "--comm_timeout 0",
+            {"--comm_timeout must be a positive number of seconds (got 0)"}),
+      flags("UnknownDtype", kRun + "--dtype int8", {"--dtype", "int8", "fp32"}),
+      flags("NonNumericHeight", "--model tiny-flux --prompt x --height abc", {"--height", "abc"}),
+      flags("ZeroMaxSequenceLength", kRun + "--max_sequence_length 0",
+            {"--max_sequence_length must be >= 1 (got 0)"}),
+      flags("ZeroIterations", kRun + "--num_iterations 0",
+            {"--num_iterations must be >= 1 (got 0)"}),
+      flags("NotYetSupportedFlag", kRun + "--use_fsdp", {"--use_fsdp is not supported yet"}),
+      {"OutputFolderCannotBeCreated",
+       [](const fs::path&, const fs::path&) {
+         return kRun + " --output_directory /proc/xfuser-out/images";
+       },
+       {"--output_directory /proc/xfuser-out/images does not exist and cannot be created"}},
+      {"OutputFolderIsAFile",
+       [](const fs::path&, const fs::path& out) {
+         write_file(out.parent_path() / "a-file", "x");
+         return kRun + " --output_directory " + (out.parent_path() / "a-file").string();
+       },
+       {"a-file is not a folder"}},
+      {"OutputFolderNotWritable",
+       [](const fs::path&, const fs::path&) { return kRun + " --output_directory /proc/self"; },
+       {"--output_directory /proc/self is not writable"}},
+
+      // ---- checkpoints ----
+      {"ModelPathMissing",
+       [](const fs::path&, const fs::path& out) {
+         return kRun + " --model_path /nonexistent/flux --output_directory " + out.string();
+       },
+       {"model folder /nonexistent/flux does not exist"}},
+      pipeline("TruncatedSafetensors",
+               [](const fs::path& p) {
+                 const std::string bytes = read_file(p / kTransformer);
+                 write_file(p / kTransformer, bytes.substr(0, bytes.size() - 1000));
+               },
+               {"diffusion_pytorch_model.safetensors", "data section"}),
+      pipeline("SafetensorsShorterThanItsHeader",
+               [](const fs::path& p) {
+                 write_file(p / kTransformer, read_file(p / kTransformer).substr(0, 100));
+               },
+               {"diffusion_pytorch_model.safetensors", "header"}),
+      pipeline("CorruptedSafetensorsHeader",
+               [](const fs::path& p) {
+                 std::string bytes = read_file(p / kTransformer);
+                 bytes.replace(8, 12, "#!garbage!#{");
+                 write_file(p / kTransformer, bytes);
+               },
+               {"diffusion_pytorch_model.safetensors", "JSON"}),
+      pipeline("WrongDtype",
+               [](const fs::path& p) {
+                 rewrite_tensors(p / kTransformer, [](auto& t) { t[kQ] = t[kQ].to(at::kLong); });
+               },
+               {"dtype mismatches", kQ + ": checkpoint I64, model expects a floating-point type"}),
+      pipeline("ShapeMismatch",
+               [](const fs::path& p) {
+                 rewrite_tensors(p / kTransformer,
+                                 [](auto& t) { t[kQ] = t[kQ].narrow(0, 0, t[kQ].size(0) - 1); });
+               },
+               {"shape mismatches", kQ + ": checkpoint ["}),
+      pipeline("MissingTensor",
+               [](const fs::path& p) {
+                 rewrite_tensors(p / kTransformer, [](auto& t) { t.erase(kQ); });
+               },
+               {"1 missing", kQ}),
+      pipeline("MissingConfigJson",
+               [](const fs::path& p) { fs::remove(p / "transformer" / "config.json"); },
+               {"transformer/config.json"}),
+      pipeline("ConfigJsonNotJson",
+               [](const fs::path& p) { write_file(p / "vae" / "config.json", "{\"a\": "); },
+               {"vae/config.json"}),
+      pipeline("ConfigValueOfWrongType",
+               [](const fs::path& p) {
+                 edit_json(p / "transformer" / "config.json",
+                           [](auto& j) { j["num_layers"] = "two"; });
+               },
+               {"transformer/config.json", "num_layers"}),
+      pipeline("MissingClipMerges",
+               [](const fs::path& p) { fs::remove(p / "tokenizer" / "merges.txt"); },
+               {"merges.txt"}),
+      pipeline("MissingT5SentencePieceModel",
+               [](const fs::path& p) { fs::remove(p / "tokenizer_2" / "spiece.model"); },
+               {"tokenizer_2"}),
+      pipeline("MalformedModelIndex",
+               [](const fs::path& p) { write_file(p / "model_index.json", "{\"vae\": [\"diff"); },
+               {"malformed", "model_index.json: not valid JSON"}),
+      pipeline("ModelIndexEntryNotAPair",
+               [](const fs::path& p) {
+                 edit_json(p / "model_index.json", [](auto& j) { j["vae"] = "AutoencoderKL"; });
+               },
+               {"model_index.json: component 'vae' must be a [library, class] pair"}),
+      pipeline("ModelIndexWithoutAComponent",
+               [](const fs::path& p) {
+                 edit_json(p / "model_index.json", [](auto& j) { j.erase("vae"); });
+               },
+               {"model_index.json lists no 'vae' component"}),
+      pipeline("MissingModelIndex", [](const fs::path& p) { fs::remove(p / "model_index.json"); },
+               {"has no model_index.json"}),
+
+      // ---- environment: every rank ends, non-zero ----
+      {"WorldSizeSmallerThanDegrees",
+       [](const fs::path&, const fs::path& out) {
+         return kRun + " --ulysses_degree 4 --output_directory " + out.string();
+       },
+       {"ulysses 4", "world size is 2"},
+       2},
+      {"WorldSizeLargerThanDegrees",
+       [](const fs::path&, const fs::path& out) {
+         return kRun + " --ulysses_degree 2 --output_directory " + out.string();
+       },
+       {"ulysses 2", "world size is 3"},
+       3},
+      {"BadFlagUnderMpirun",
+       [](const fs::path&, const fs::path& out) {
+         return kRun + " --ulysses_degree 2 --num_inference_steps 0 --output_directory " +
+                out.string();
+       },
+       {"--num_inference_steps must be >= 1 (got 0)"},
+       2},
+  };
+  return c;
+}
+
+class BadInput : public ::testing::TestWithParam<Case> {
+ protected:
+  static void SetUpTestSuite() {
+    cache_ = new xfuser::testing::TempDir("xfuser-bad-cache");
+    pristine_ = new xfuser::testing::TempDir("xfuser-bad-pipe");
+    std::string log;
+    ASSERT_EQ(
+        xfuser::testing::run_command(
+            bin("xfuser") + " make-tiny --arch flux --out " + (*pristine_ / "pipe").string(), &log),
+        0)
+        << log;
+  }
+  static void TearDownTestSuite() {
+    delete cache_;
+    delete pristine_;
+  }
+  static xfuser::testing::TempDir* cache_;
+  static xfuser::testing::TempDir* pristine_;
+};
+xfuser::testing::TempDir* BadInput::cache_ = nullptr;
+xfuser::testing::TempDir* BadInput::pristine_ = nullptr;
+
+TEST_P(BadInput, FailsWithANamedErrorAndWritesNothing) {
+  const Case& c = GetParam();
+  xfuser::testing::TempDir work("xfuser-bad");
+  const fs::path pipe = work / "pipe";
+  const fs::path out = work / "out";
+  fs::copy(*pristine_ / "pipe", pipe, fs::copy_options::recursive);
+  fs::create_directories(out);
+  std::string cmd = "XFUSER_CACHE=" + cache_->path().string() + " OMP_NUM_THREADS=1 ";
+  if (c.np > 1) {
+    cmd += "timeout 120 mpirun -np " + std::to_string(c.np) + " --oversubscribe ";
+    if (::geteuid() == 0) cmd += "--allow-run-as-root ";
+    cmd += "-x XFUSER_CACHE -x OMP_NUM_THREADS ";
+  } else {
+    cmd += "timeout 120 ";
+  }
+  cmd += bin("xfuser-run") + " " + c.args(pipe, out);
+  std::string log;
+  const int code = xfuser::testing::run_command(cmd, &log);
+  EXPECT_NE(code, 0) << cmd << "\n" << log;
+  EXPECT_NE(code, 124) << "timed out (a hang): " << cmd << "\n" << log;
+  for (const auto& text : c.expected) {
+    EXPECT_NE(log.find(text), std::string::npos) << "expected '" << text << "' in:\n" << log;
+  }
+  EXPECT_TRUE(fs::is_empty(out)) << "a failed run wrote files";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BadInput, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// The free-space check runs before any compute: a run that cannot fit is refused with the sizes.
+TEST(BadInputFreeSpace, AFullOutputFolderIsRefusedWithTheSizes) {
+  xfuser::testing::TempDir out;
+  try {
+    xfuser::runner::check_free_space(out.path(), uint64_t{1} << 62, "this rank's images");
+    FAIL() << "expected an error";
+  } catch (const xfuser::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("--output_directory " + out.path().string() + " has "), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("free, but this rank's images need about 4398046511104 MiB"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_NO_THROW(xfuser::runner::check_free_space(out.path(), 1024, "a small file"));
+}
+
+}  // namespace
