@@ -43,6 +43,9 @@ struct GenerationRequest {
   double true_cfg_scale = 1.0;
   int max_sequence_length = 0;
   std::vector<int64_t> seeds;  // one per prompt
+  // PipeFusion (pp > 1): image patches (0: the pp degree) and synchronous warm-up steps.
+  int num_pipeline_patch = 0;
+  int pipefusion_warmup_steps = 1;
 };
 
 struct StageTiming {
@@ -62,6 +65,8 @@ struct ModelLoadOptions {
   c10::ScalarType dtype = c10::kFloat;  // compute dtype of the transformer and text encoders
   bool enable_tiling = false;
   bool enable_slicing = false;
+  // PipeFusion: transformer blocks per stage (--pipefusion_layers); empty = balanced.
+  std::vector<int64_t> pipefusion_layers;
 };
 
 class XFuserModel {
