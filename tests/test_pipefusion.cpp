@@ -292,11 +292,12 @@ TEST_F(PipeFusion, WarmupThroughAllStepsEqualsSerial) {
   }
 }
 
-// With one warm-up step the stale K/V make an approximation. The bound: the tiny model's images
-// are noise-like (random weights), so any systematic error shows at full scale. Two unrelated
-// images of this model (another seed) score about 8-10 dB, so 30 dB (RMS error 8/255) means
-// the approximation is far closer to the exact image than to any other image, while it must
-// still differ (the async path really runs with stale K/V: PSNR finite).
+// With one warm-up step the stale K/V make an approximation. The bound, 40 dB, is an RMS pixel
+// error of 1/100 of the range (2.55 levels of 255): beyond what the eye separates, and far from
+// what a wrong pipeline gives: the tiny model's images are noise-like (random weights), so a
+// patch attending to wrong or missing keys changes its pixels at full scale; two unrelated
+// images of this model (another seed) score about 16 dB. Measured: about 78 dB. The PSNR must
+// also be finite: the asynchronous path really ran with stale K/V.
 TEST_F(PipeFusion, OneWarmupStepPsnrAboveBound) {
   if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
   auto serial = load(nullptr);
@@ -311,8 +312,9 @@ TEST_F(PipeFusion, OneWarmupStepPsnrAboveBound) {
     std::printf("pp2 M2 W1, 4 steps: PSNR vs serial %.2f dB (another seed: %.2f dB)\n", psnr,
                 unrelated);
   EXPECT_TRUE(std::isfinite(psnr));
-  EXPECT_GT(psnr, 30.0);
-  EXPECT_LT(unrelated, 20.0);
+  EXPECT_GT(psnr, 40.0);
+  EXPECT_LT(unrelated, 25.0);
+  EXPECT_GT(xfuser::testing::max_rel_error(approx.latents, ref.latents), 1e-7);
 }
 
 TEST_F(PipeFusion, BadLayoutsAreClearErrors) {

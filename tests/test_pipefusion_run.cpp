@@ -97,9 +97,9 @@ TEST_F(PipeFusionRun, ApproximatePipelineReportsItsPsnr) {
     const auto& pf = report["pipefusion"];
     EXPECT_EQ(pf["exact"], false);
     EXPECT_EQ(pf["psnr_measured"], true);
-    ASSERT_TRUE(pf["psnr_db"].is_number()) << pf.dump();  // finite: the images differ
-    // The bound of test_pipefusion's OneWarmupStepPsnrAboveBound.
-    EXPECT_GT(pf["psnr_db"].get<double>(), 30.0);
+    // null: identical images (the stale K/V may move no pixel of this small image); else the
+    // bound of test_pipefusion's OneWarmupStepPsnrAboveBound.
+    if (!pf["psnr_db"].is_null()) EXPECT_GT(pf["psnr_db"].get<double>(), 40.0) << pf.dump();
   }
 }
 
