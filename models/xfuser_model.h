@@ -46,6 +46,9 @@ struct GenerationRequest {
   double true_cfg_scale = 1.0;
   int max_sequence_length = 0;
   std::vector<int64_t> seeds;  // one per prompt
+  // PipeFusion (pp > 1): image patches (0: the pp degree) and synchronous warm-up steps.
+  int num_pipeline_patch = 0;
+  int pipefusion_warmup_steps = 1;
 };
 
 struct StageTiming {
@@ -70,6 +73,8 @@ struct ModelLoadOptions {
   // Hand-written kernels registered by the backend (backends/kernels.h); false runs the eager
   // reference ops (XFUSER_KERNEL_OVERRIDES=0).
   bool kernel_overrides = true;
+  // PipeFusion: transformer blocks per stage (--pipefusion_layers); empty = balanced.
+  std::vector<int64_t> pipefusion_layers;
 };
 
 class XFuserModel {

@@ -21,7 +21,6 @@ const std::set<std::string>& not_yet_supported() {
                                               "--num_frames",
                                               "--task",
                                               "--use_parallel_vae",
-                                              "--num_pipeline_patch",
                                               "--profile",
                                               "--dataset_path",
                                               "--batch_size",
@@ -68,6 +67,13 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
                  "Synchronous PipeFusion warm-up steps")
       ->group(kPar)
       ->capture_default_str();
+  app.add_option("--pipefusion_layers", c.pipefusion_layers,
+                 "Transformer blocks per PipeFusion stage, e.g. 10,47 (default: balanced)")
+      ->delimiter(',')
+      ->group(kPar);
+  app.add_flag("--pipefusion_psnr", c.pipefusion_psnr,
+               "Also generate the exact (all warm-up) image; report PipeFusion's PSNR against it")
+      ->group(kPar);
   app.add_option("--comm_timeout", c.comm_timeout,
                  "Seconds a rank waits in any collective before the job is aborted")
       ->group(kPar)
@@ -169,6 +175,24 @@ void validate_values(const RunConfig& c) {
            c.pipefusion_warmup_steps, ")");
   XF_CHECK(c.num_pipeline_patch >= 0, "--num_pipeline_patch must be >= 0 (got ",
            c.num_pipeline_patch, ")");
+  if (c.pipefusion_parallel_degree == 1) {
+    XF_CHECK(c.num_pipeline_patch == 0 && c.pipefusion_layers.empty() && !c.pipefusion_psnr,
+             "--num_pipeline_patch, --pipefusion_layers and --pipefusion_psnr need "
+             "--pipefusion_parallel_degree > 1");
+  } else {
+    const int patches =
+        c.num_pipeline_patch > 0 ? c.num_pipeline_patch : c.pipefusion_parallel_degree;
+    XF_CHECK(patches == 1 || c.pipefusion_warmup_steps >= 1,
+             "--pipefusion_warmup_steps must be >= 1 with ", patches,
+             " pipeline patches (the warm-up fills the stale K/V buffers)");
+    XF_CHECK(c.pipefusion_layers.empty() ||
+                 static_cast<int>(c.pipefusion_layers.size()) == c.pipefusion_parallel_degree,
+             "--pipefusion_layers gives ", c.pipefusion_layers.size(),
+             " stage(s); --pipefusion_parallel_degree is ", c.pipefusion_parallel_degree);
+    for (auto n : c.pipefusion_layers) {
+      XF_CHECK(n >= 1, "--pipefusion_layers: every stage needs at least one block (got ", n, ")");
+    }
+  }
   XF_CHECK(std::isfinite(c.comm_timeout) && c.comm_timeout > 0,
            "--comm_timeout must be a positive number of seconds (got ", c.comm_timeout, ")");
   if (c.num_inference_steps) positive("--num_inference_steps", *c.num_inference_steps);

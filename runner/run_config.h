@@ -31,6 +31,8 @@ struct RunConfig {
   bool use_fsdp = false;
   int num_pipeline_patch = 0;  // 0: the pp degree
   int pipefusion_warmup_steps = 1;
+  std::vector<int64_t> pipefusion_layers;  // blocks per stage; empty: balanced
+  bool pipefusion_psnr = false;  // also generate the exact image and report the PSNR
   double comm_timeout = 600.0;  // seconds, every blocking collective
 
   // Input parameters (unset optionals take the model's defaults)

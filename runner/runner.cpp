@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include <sys/resource.h>
 
 #include "backends/error.h"
+#include "models/flux/flux_pipefusion.h"
 #include "models/flux/tiny_flux.h"
 #include "models/registry.h"
 #include "models/weights/hub_cache.h"
@@ -148,6 +150,8 @@ ResolvedArgs Runner::preprocess_args() const {
   r.true_cfg_scale = *c.true_cfg_scale;
   r.max_sequence_length = *c.max_sequence_length;
   r.seeds.assign(r.prompts.size(), c.seed);
+  r.num_pipeline_patch = c.num_pipeline_patch;
+  r.pipefusion_warmup_steps = c.pipefusion_warmup_steps;
   return args;
 }
 
@@ -185,6 +189,7 @@ void Runner::initialize(const ResolvedArgs& args) {
   if (const char* env = std::getenv("XFUSER_KERNEL_OVERRIDES")) {
     options.kernel_overrides = std::string(env) != "0";
   }
+  options.pipefusion_layers = args.config.pipefusion_layers;
   model_->load(model_dir_, options);
   for (const auto& e : model_->backend_timeline()) {
     spdlog::debug("backend {}: op {} runs {} ({})", e.backend, e.tag, e.chosen,
@@ -235,6 +240,20 @@ RunResult Runner::run(const ResolvedArgs& args) {
     result.iteration_seconds.push_back(out.total_seconds);
     result.images = out.images;
     result.iterations.push_back(std::move(out));
+  }
+  if (args.config.pipefusion_psnr) {
+    // The exact image: every step a synchronous warm-up step (equal to a serial run).
+    auto exact = args.request;
+    exact.pipefusion_warmup_steps = exact.num_inference_steps;
+    spdlog::info("PipeFusion PSNR: generating the exact image ({} warm-up steps)",
+                 exact.num_inference_steps);
+    auto out = model_->generate(exact);
+    result.pipefusion_psnr = models::flux::image_psnr(result.images, out.images);
+    spdlog::info("PipeFusion PSNR vs exact: {:.2f} dB ({} patches, {} warm-up step(s))",
+                 *result.pipefusion_psnr, args.config.num_pipeline_patch > 0
+                                              ? args.config.num_pipeline_patch
+                                              : args.config.pipefusion_parallel_degree,
+                 args.config.pipefusion_warmup_steps);
   }
   return result;
 }
@@ -335,6 +354,22 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
       }
     }
     report["backend_timeline"] = timeline;
+    if (c.pipefusion_parallel_degree > 1) {
+      nlohmann::json pf = {
+          {"stage", groups_ ? groups_->coords().pp : 0},
+          {"patches",
+           c.num_pipeline_patch > 0 ? c.num_pipeline_patch : c.pipefusion_parallel_degree},
+          {"warmup_steps", c.pipefusion_warmup_steps},
+          {"layers", c.pipefusion_layers},
+          {"exact", c.pipefusion_warmup_steps >= args.request.num_inference_steps}};
+      // null: identical images (infinite PSNR) or not measured (no --pipefusion_psnr).
+      pf["psnr_db"] = nullptr;
+      if (result.pipefusion_psnr && std::isfinite(*result.pipefusion_psnr)) {
+        pf["psnr_db"] = *result.pipefusion_psnr;
+      }
+      pf["psnr_measured"] = result.pipefusion_psnr.has_value();
+      report["pipefusion"] = pf;
+    }
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
     report["memory"] = {{"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024},

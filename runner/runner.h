@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,9 @@ struct RunResult {
   std::vector<double> iteration_seconds;  // one per timed iteration (timings.json)
   std::vector<models::GenerationOutput> iterations;  // stage timings per timed iteration
   std::vector<CommReport> comm;                      // per timed iteration (empty on one rank)
+  // --pipefusion_psnr: PSNR (dB, +inf when identical) of the last timed image against the
+  // exact PipeFusion image (all steps synchronous).
+  std::optional<double> pipefusion_psnr;
 };
 
 // The per-rank run report, timings_rank{r}.json (schema in docs/timings.md).

@@ -8,6 +8,7 @@
 #include "backends/error.h"
 #include "models/common/component.h"
 #include "models/flux/flux_parallel.h"
+#include "models/flux/flux_pipefusion.h"
 #include "models/flux/flux_transformer.h"
 #include "models/schedulers/flow_match_euler.h"
 #include "models/tokenizers/tokenizer.h"
@@ -32,6 +33,7 @@ struct FluxModel::FluxState : State {
   int64_t latent_h = 0;  // unpacked latent height (2 * (H // 16))
   int64_t latent_w = 0;
   bool do_true_cfg = false;
+  std::unique_ptr<FluxPipeFusion> pipefusion;  // pp > 1
 };
 
 FluxModel::FluxModel(const ModelSpec& spec) : XFuserModel(spec) {}
@@ -85,10 +87,15 @@ void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& opt
   tokenizer_ = tokenizers::load_tokenizer(dir / "tokenizer");
   tokenizer_2_ = tokenizers::load_tokenizer(dir / "tokenizer_2");
 
-  auto transformer = load_component((dir / "transformer").string(), dtype_);
-  transformer_ = std::dynamic_pointer_cast<FluxTransformer2DModel>(transformer);
-  XF_CHECK(transformer_ != nullptr, (dir / "transformer").string(), " holds a ",
-           transformer->class_name(), ", expected FluxTransformer2DModel");
+  const auto& groups = process_groups();
+  if (groups && groups->config().pp() > 1) {
+    load_pipefusion_stage(dir, options);
+  } else {
+    auto transformer = load_component((dir / "transformer").string(), dtype_);
+    transformer_ = std::dynamic_pointer_cast<FluxTransformer2DModel>(transformer);
+    XF_CHECK(transformer_ != nullptr, (dir / "transformer").string(), " holds a ",
+             transformer->class_name(), ", expected FluxTransformer2DModel");
+  }
   text_encoder_ = load_component((dir / "text_encoder").string(), dtype_);
   text_encoder_2_ = load_component((dir / "text_encoder_2").string(), dtype_);
   auto vae = load_component((dir / "vae").string(), dtype_);
@@ -100,6 +107,24 @@ void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& opt
   vae_scale_factor_ = 1 << (vae_->config().block_out_channels.size() - 1);
   XF_CHECK(transformer_->config().in_channels % 4 == 0, "FLUX transformer in_channels ",
            transformer_->config().in_channels, " is not a multiple of 4");
+}
+
+void FluxModel::load_pipefusion_stage(const fs::path& dir, const ModelLoadOptions& options) {
+  const auto& groups = *process_groups();
+  ComponentFolder folder = open_component_folder((dir / "transformer").string());
+  XF_CONTEXT("loading PipeFusion stage ", groups.coords().pp, " of ", folder.class_name,
+             " from ", folder.dir);
+  XF_CHECK(folder.class_name == "FluxTransformer2DModel", folder.dir, " holds a ",
+           folder.class_name, ", expected FluxTransformer2DModel");
+  auto config = FluxConfig::from_json(folder.config, folder.config_path);
+  const auto layers =
+      pipefusion_stage_layers(config, groups.config().pp(), options.pipefusion_layers);
+  transformer_ = std::make_shared<FluxTransformer2DModel>(
+      config, pipefusion_stage_part(layers, groups.coords().pp));
+  // Only this stage's tensors are read from the (memory-mapped) checkpoint.
+  LoadOptions load;
+  load.allow_unexpected = true;
+  transformer_->load(*folder.weights, dtype_, "", load);
 }
 
 std::unique_ptr<XFuserModel::State> FluxModel::begin(const GenerationRequest& request) {
@@ -120,6 +145,15 @@ std::unique_ptr<XFuserModel::State> FluxModel::begin(const GenerationRequest& re
   XF_CHECK(!groups || groups->config().cfg() == 1 || state->do_true_cfg,
            "--use_cfg_parallel needs true CFG: give --negative_prompt and --true_cfg_scale > 1 ",
            "(FLUX.1's --guidance_scale is distilled guidance, one forward per step)");
+  if (groups && groups->config().pp() > 1) {
+    // Fail before any compute: patches within the latent token rows, warm-up >= 1.
+    const int patches =
+        request.num_pipeline_patch > 0 ? request.num_pipeline_patch : groups->config().pp();
+    pipefusion_patch_rows(request.height / multiple, patches);
+    XF_CHECK(patches == 1 || request.pipefusion_warmup_steps >= 1,
+             "--pipefusion_warmup_steps must be >= 1 with ", patches,
+             " pipeline patches (the warm-up fills the stale K/V buffers)");
+  }
   state->scheduler = std::make_unique<schedulers::FlowMatchEulerDiscreteScheduler>(
       schedulers::FlowMatchEulerConfig::from_file(scheduler_config_));
   return state;
@@ -185,6 +219,13 @@ void FluxModel::prepare_latents(State& base) {
   if (transformer_->config().guidance_embeds) {
     s.guidance = at::full({s.latents.size(0)}, req.guidance_scale, at::kFloat);
   }
+  const auto& groups = process_groups();
+  if (groups && groups->config().pp() > 1) {
+    const int patches = req.num_pipeline_patch > 0 ? req.num_pipeline_patch : groups->config().pp();
+    s.pipefusion = std::make_unique<FluxPipeFusion>(*transformer_, *groups, s.latent_h / 2,
+                                                    s.latent_w / 2, patches,
+                                                    req.pipefusion_warmup_steps, n);
+  }
 }
 
 int FluxModel::num_steps(const State& base) const {
@@ -197,8 +238,56 @@ at::Tensor FluxModel::transformer_forward(const FluxInputs& full) {
   return sequence_parallel_forward(*transformer_, full, *groups);
 }
 
+void FluxModel::pipefusion_step(FluxState& s, int index) {
+  const auto& groups = *process_groups();
+  const int64_t b = s.latents.size(0);
+  const float t = s.scheduler->timesteps()[index].item<float>();
+  FluxInputs in;
+  in.encoder_hidden_states = s.prompt_embeds;
+  in.pooled_projections = s.pooled_prompt_embeds;
+  in.img_ids = s.image_ids;
+  in.txt_ids = s.text_ids;
+  in.guidance = s.guidance;
+  int branches = 1;
+  FluxPipeFusion::CombineFn combine = [](const at::Tensor& out) { return out; };
+  const double scale = s.request.true_cfg_scale;
+  if (s.do_true_cfg && groups.config().cfg() == 2) {
+    // CFG parallel: cfg rank 0 the negative branch; the last stages combine per patch.
+    if (groups.coords().cfg == 0) {
+      in.encoder_hidden_states = s.negative_prompt_embeds;
+      in.pooled_projections = s.negative_pooled_prompt_embeds;
+    }
+    combine = [&groups, b, scale](const at::Tensor& out) {
+      at::Tensor both = groups.cfg().all_gather(out.contiguous(), 0);  // [neg; pos]
+      at::Tensor neg = both.narrow(0, 0, b);
+      return neg + scale * (both.narrow(0, b, b) - neg);
+    };
+  } else if (s.do_true_cfg) {
+    // True CFG on one replica: both branches in one batch [neg; pos] through the pipeline.
+    branches = 2;
+    in.encoder_hidden_states = at::cat({s.negative_prompt_embeds, s.prompt_embeds}, 0);
+    in.pooled_projections = at::cat({s.negative_pooled_prompt_embeds, s.pooled_prompt_embeds}, 0);
+    if (in.guidance.defined()) in.guidance = in.guidance.repeat({2});
+    combine = [b, scale](const at::Tensor& out) {
+      at::Tensor neg = out.narrow(0, 0, b);
+      return neg + scale * (out.narrow(0, b, b) - neg);
+    };
+  }
+  in.timestep = at::full({branches * b}, t, at::kFloat).to(s.latents.scalar_type()) / 1000;
+  const auto latents_dtype = s.latents.scalar_type();
+  FluxPipeFusion::StepFn step_fn = [&s, index, latents_dtype](const at::Tensor& noise,
+                                                              const at::Tensor& latents) {
+    return s.scheduler->step(noise, index, latents).to(latents_dtype);
+  };
+  s.pipefusion->step(index, in, branches, combine, step_fn, s.latents);
+}
+
 void FluxModel::denoise_step(State& base, int index) {
   auto& s = static_cast<FluxState&>(base);
+  if (s.pipefusion) {
+    pipefusion_step(s, index);
+    return;
+  }
   const int64_t b = s.latents.size(0);
   const float t = s.scheduler->timesteps()[index].item<float>();
   // timestep = t.expand(B).to(latents.dtype) / 1000
@@ -268,6 +357,7 @@ std::vector<ModelSpec> model_specs() {
   dev.parallelism.ring = true;
   dev.parallelism.cfg_parallel = true;
   dev.parallelism.data_parallel = true;
+  dev.parallelism.pipefusion = true;
   dev.maturity = "stable";
   dev.description = "FLUX.1 [dev], 12B rectified-flow transformer, distilled guidance";
   dev.create = create;

@@ -63,6 +63,11 @@ class FluxModel : public XFuserModel {
   std::pair<at::Tensor, at::Tensor> embed_prompts(const std::vector<std::string>& prompts,
                                                   int max_sequence_length) const;
 
+  // PipeFusion (pp > 1): the transformer blocks of this rank's stage and the noise prediction
+  // pipeline (models/flux/flux_pipefusion.h).
+  void load_pipefusion_stage(const std::filesystem::path& dir, const ModelLoadOptions& options);
+  void pipefusion_step(FluxState& state, int index);
+
   c10::ScalarType dtype_ = c10::kFloat;
   int vae_scale_factor_ = 8;
   std::shared_ptr<FluxTransformer2DModel> transformer_;

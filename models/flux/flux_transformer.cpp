@@ -179,8 +179,17 @@ class FluxSingleTransformerBlock : public Module {
 
 // ---- the model ----------------------------------------------------------------------------------
 
-FluxTransformer2DModel::FluxTransformer2DModel(FluxConfig config) : config_(std::move(config)) {
+FluxTransformer2DModel::FluxTransformer2DModel(FluxConfig config, FluxModelPart part)
+    : config_(std::move(config)), part_(part) {
   config_.validate("FluxTransformer2DModel config");
+  const int64_t total = config_.num_layers + config_.num_single_layers;
+  if (part_.block_end < 0) part_.block_end = total;
+  XF_CHECK(0 <= part_.block_begin && part_.block_begin <= part_.block_end &&
+               part_.block_end <= total,
+           "FluxTransformer2DModel: block range [", part_.block_begin, ", ", part_.block_end,
+           ") is outside the ", total, " blocks (", config_.num_layers, " double + ",
+           config_.num_single_layers, " single)");
+  auto held = [&](int64_t block) { return part_.block_begin <= block && block < part_.block_end; };
   const int64_t dim = config_.inner_dim();
   const int64_t heads = config_.num_attention_heads, hd = config_.attention_head_dim;
   // Declaration order follows diffusers' __init__.
@@ -193,26 +202,36 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxConfig config) : config_(std:
   text_embedder_ = child("time_text_embed.text_embedder",
                          std::make_shared<PixArtAlphaTextProjection>(config_.pooled_projection_dim,
                                                                      dim, Activation::kSilu));
-  context_embedder_ =
-      child("context_embedder", std::make_shared<Linear>(config_.joint_attention_dim, dim));
-  x_embedder_ = child("x_embedder", std::make_shared<Linear>(config_.in_channels, dim));
+  if (part_.embedders) {
+    context_embedder_ =
+        child("context_embedder", std::make_shared<Linear>(config_.joint_attention_dim, dim));
+    x_embedder_ = child("x_embedder", std::make_shared<Linear>(config_.in_channels, dim));
+  }
+  // Blocks outside the part stay null (their slots keep the global indices).
+  blocks_.resize(config_.num_layers);
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    blocks_.push_back(child("transformer_blocks." + std::to_string(i),
-                            std::make_shared<FluxTransformerBlock>(dim, heads, hd)));
+    if (!held(i)) continue;
+    blocks_[i] = child("transformer_blocks." + std::to_string(i),
+                       std::make_shared<FluxTransformerBlock>(dim, heads, hd));
   }
+  single_blocks_.resize(config_.num_single_layers);
   for (int64_t i = 0; i < config_.num_single_layers; ++i) {
-    single_blocks_.push_back(child("single_transformer_blocks." + std::to_string(i),
-                                   std::make_shared<FluxSingleTransformerBlock>(dim, heads, hd)));
+    if (!held(config_.num_layers + i)) continue;
+    single_blocks_[i] = child("single_transformer_blocks." + std::to_string(i),
+                              std::make_shared<FluxSingleTransformerBlock>(dim, heads, hd));
   }
-  norm_out_ =
-      child("norm_out", std::make_shared<AdaLayerNormContinuous>(dim, dim, false, kNormEps));
-  proj_out_ = child("proj_out", std::make_shared<Linear>(dim, config_.output_dim()));
+  if (part_.head) {
+    norm_out_ =
+        child("norm_out", std::make_shared<AdaLayerNormContinuous>(dim, dim, false, kNormEps));
+    proj_out_ = child("proj_out", std::make_shared<Linear>(dim, config_.output_dim()));
+  }
 }
 
 FluxTransformer2DModel::~FluxTransformer2DModel() = default;
 
 c10::ScalarType FluxTransformer2DModel::dtype() const {
-  const auto& w = x_embedder_->weight();
+  // time_text_embed is held by every part; its first parameter has the compute dtype.
+  const auto& w = timestep_embedder_->named_parameters().front().second->tensor;
   XF_CHECK(w.defined(), "FluxTransformer2DModel used before its weights were loaded");
   return w.scalar_type();
 }
@@ -320,7 +339,7 @@ FluxState FluxTransformer2DModel::embed(const FluxInputs& in) const {
   XF_CONTEXT("FluxTransformer2DModel.embed");
   const auto dtype = this->dtype();
   FluxState st;
-  st.hidden = x_embedder_->forward(in.hidden_states.to(dtype));  // [B, N, D]
+  if (x_embedder_) st.hidden = x_embedder_->forward(in.hidden_states.to(dtype));  // [B, N, D]
   // diffusers: timestep.to(x.dtype) * 1000, then the float32 sinusoid, cast to the model dtype.
   auto t = in.timestep.to(dtype) * 1000;
   auto temb = timestep_embedder_->forward(
@@ -331,13 +350,15 @@ FluxState FluxTransformer2DModel::embed(const FluxInputs& in) const {
                       timestep_embedding(g, kTimestepChannels, true, 0.0).to(dtype));
   }
   st.temb = temb + text_embedder_->forward(in.pooled_projections.to(dtype));    // [B, D]
-  st.context = context_embedder_->forward(in.encoder_hidden_states.to(dtype));  // [B, L, D]
-  st.text_tokens = st.context.size(1);
+  if (context_embedder_) {
+    st.context = context_embedder_->forward(in.encoder_hidden_states.to(dtype));  // [B, L, D]
+  }
+  st.text_tokens = in.txt_ids.size(-2);
 
   auto txt_ids = in.txt_ids.dim() == 3 ? in.txt_ids[0] : in.txt_ids;  // deprecated 3-D ids
   auto img_ids = in.img_ids.dim() == 3 ? in.img_ids[0] : in.img_ids;
   auto ids = at::cat({txt_ids.to(at::kFloat), img_ids.to(at::kFloat)}, 0);  // [L + N, axes]
-  st.rope = multi_axis_rope(ids.to(st.hidden.device()), config_.axes_dims_rope, kRopeTheta);
+  st.rope = multi_axis_rope(ids.to(st.temb.device()), config_.axes_dims_rope, kRopeTheta);
   return st;
 }
 
@@ -351,6 +372,8 @@ void FluxTransformer2DModel::run_double_blocks(FluxState& st, int64_t begin, int
                            const AttentionCall& call) { return this->attend(q, k, v, call); };
   for (int64_t i = begin; i < end; ++i) {
     XF_CONTEXT("transformer_blocks.", i);
+    XF_CHECK(blocks_[i], "transformer_blocks.", i, " is not held by this model part (blocks [",
+             part_.block_begin, ", ", part_.block_end, "))");
     blocks_[i]->forward(st.hidden, st.context, st.temb, st.rope, attend, i);
   }
 }
@@ -369,12 +392,16 @@ void FluxTransformer2DModel::run_single_blocks(FluxState& st, int64_t begin, int
                            const AttentionCall& call) { return this->attend(q, k, v, call); };
   for (int64_t i = begin; i < end; ++i) {
     XF_CONTEXT("single_transformer_blocks.", i);
+    XF_CHECK(single_blocks_[i], "single_transformer_blocks.", i,
+             " is not held by this model part (blocks [", part_.block_begin, ", ",
+             part_.block_end, "))");
     st.hidden = single_blocks_[i]->forward(st.hidden, st.temb, st.rope, attend,
                                            config_.num_layers + i, st.text_tokens);
   }
 }
 
 at::Tensor FluxTransformer2DModel::finalize(const FluxState& st) const {
+  XF_CHECK(proj_out_, "finalize: norm_out/proj_out are not held by this model part");
   auto x = st.joined ? st.hidden.narrow(1, st.text_tokens, st.hidden.size(1) - st.text_tokens)
                      : st.hidden;                             // [B, N, D]
   return proj_out_->forward(norm_out_->forward(x, st.temb));  // [B, N, patch^2 * out]

@@ -46,9 +46,20 @@ struct FluxState {
 class FluxTransformerBlock;
 class FluxSingleTransformerBlock;
 
+// The part of the model one instance holds (a PipeFusion stage); the default is the whole model.
+// Blocks are counted in forward order: double blocks 0..num_layers-1, then single blocks.
+// time_text_embed is always held (every stage needs temb); parameters of the parts not held are
+// not declared, so load() with LoadOptions::allow_unexpected reads only this part's tensors.
+struct FluxModelPart {
+  int64_t block_begin = 0;
+  int64_t block_end = -1;  // one past the last block; -1: through the last block
+  bool embedders = true;   // x_embedder, context_embedder
+  bool head = true;        // norm_out, proj_out
+};
+
 class FluxTransformer2DModel : public Component {
  public:
-  explicit FluxTransformer2DModel(FluxConfig config);
+  explicit FluxTransformer2DModel(FluxConfig config, FluxModelPart part = {});
   ~FluxTransformer2DModel() override;
 
   std::string class_name() const override { return "FluxTransformer2DModel"; }
@@ -56,6 +67,8 @@ class FluxTransformer2DModel : public Component {
   TensorMap call(const std::string& method, const TensorMap& inputs) override;
 
   const FluxConfig& config() const { return config_; }
+  // The part held, with block_end resolved.
+  const FluxModelPart& part() const { return part_; }
   // Dtype of the loaded parameters (the compute dtype); an error before loading.
   c10::ScalarType dtype() const;
 
@@ -70,6 +83,8 @@ class FluxTransformer2DModel : public Component {
   // Shape checks with errors naming the input and the expected shape.
   void check_inputs(const FluxInputs& in) const;
 
+  // Without the embedders (a later pipeline stage) hidden and context stay undefined: the
+  // caller fills them from the previous stage's activations.
   FluxState embed(const FluxInputs& in) const;
   void run_double_blocks(FluxState& state, int64_t begin, int64_t end) const;
   void run_single_blocks(FluxState& state, int64_t begin, int64_t end) const;
@@ -82,6 +97,7 @@ class FluxTransformer2DModel : public Component {
                     const AttentionCall& call) const;
 
   FluxConfig config_;
+  FluxModelPart part_;
   AttentionHook attention_hook_;
   std::shared_ptr<Linear> x_embedder_, context_embedder_, proj_out_;
   std::shared_ptr<TimestepEmbedding> timestep_embedder_, guidance_embedder_;
