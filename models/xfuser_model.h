@@ -62,6 +62,8 @@ struct ModelLoadOptions {
   c10::ScalarType dtype = c10::kFloat;  // compute dtype of the transformer and text encoders
   bool enable_tiling = false;
   bool enable_slicing = false;
+  // Patch-parallel VAE decode over the process groups' replica (--use_parallel_vae).
+  bool parallel_vae = false;
 };
 
 class XFuserModel {

@@ -20,7 +20,6 @@ const std::set<std::string>& not_yet_supported() {
                                               "--input_images",
                                               "--num_frames",
                                               "--task",
-                                              "--use_parallel_vae",
                                               "--num_pipeline_patch",
                                               "--profile",
                                               "--dataset_path",

@@ -176,6 +176,7 @@ void Runner::initialize(const ResolvedArgs& args) {
   options.dtype = args.dtype;
   options.enable_tiling = args.config.enable_tiling;
   options.enable_slicing = args.config.enable_slicing;
+  options.parallel_vae = args.config.use_parallel_vae;
   model_->load(model_dir_, options);
   if (isatty(STDERR_FILENO)) {
     model_->set_step_callback([](int step, int total) {

@@ -12,6 +12,7 @@
 #include "models/schedulers/flow_match_euler.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/vae/autoencoder_kl.h"
+#include "models/vae/patch_parallel.h"
 #include "models/weights/component_folder.h"
 #include "parallel/process_groups.h"
 
@@ -93,16 +94,18 @@ void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& opt
   tokenizer_ = tokenizers::load_tokenizer(dir / "tokenizer");
   tokenizer_2_ = tokenizers::load_tokenizer(dir / "tokenizer_2");
 
-  auto transformer = load_component((dir / "transformer").string(), dtype_);
-  transformer_ = std::dynamic_pointer_cast<FluxTransformer2DModel>(transformer);
-  XF_CHECK(transformer_ != nullptr, (dir / "transformer").string(), " holds a ",
-           transformer->class_name(), ", expected FluxTransformer2DModel");
+  // Under tensor parallelism each rank reads only its slices of the transformer's weights.
+  transformer_ =
+      load_flux_transformer((dir / "transformer").string(), dtype_, process_groups().get());
   text_encoder_ = load_component((dir / "text_encoder").string(), dtype_);
   text_encoder_2_ = load_component((dir / "text_encoder_2").string(), dtype_);
   auto vae = load_component((dir / "vae").string(), dtype_);
   vae_ = std::dynamic_pointer_cast<vae::AutoencoderKL>(vae);
   XF_CHECK(vae_ != nullptr, (dir / "vae").string(), " holds a ", vae->class_name(),
            ", expected AutoencoderKL");
+  XF_CHECK(!(options.parallel_vae && options.enable_tiling),
+           "--use_parallel_vae and --enable_tiling cannot be combined: the patch-parallel decode "
+           "splits the whole latent into bands (use one or the other)");
   vae_->enable_tiling(options.enable_tiling);
   vae_->enable_slicing(options.enable_slicing);
   vae_scale_factor_ = 1 << (vae_->config().block_out_channels.size() - 1);
@@ -252,7 +255,13 @@ void FluxModel::decode(State& base) {
   at::Tensor latents = unpack_latents(s.latents, s.latent_h, s.latent_w);
   const auto& cfg = vae_->config();
   latents = latents / cfg.scaling_factor + cfg.shift_factor.value_or(0.0);
-  at::Tensor image = vae_->decode(latents.to(vae_->dtype()));  // [B, 3, H, W] in [-1, 1]
+  // [B, 3, H, W] in [-1, 1]; with --use_parallel_vae in bands over the ranks of this replica
+  // (every one of them holds the same final latents).
+  const auto& groups = process_groups();
+  at::Tensor image = load_options().parallel_vae && groups
+                         ? vae::patch_parallel_decode(*vae_, latents.to(vae_->dtype()),
+                                                      groups->replica())
+                         : vae_->decode(latents.to(vae_->dtype()));
   // diffusers' VaeImageProcessor.postprocess: (x / 2 + 0.5).clamp(0, 1) -> uint8, round.
   at::Tensor x = (image.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
   s.images = (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
@@ -276,6 +285,8 @@ std::vector<ModelSpec> model_specs() {
   dev.parallelism.ring = true;
   dev.parallelism.cfg_parallel = true;
   dev.parallelism.data_parallel = true;
+  dev.parallelism.tensor_parallel = true;
+  dev.parallelism.parallel_vae = true;
   dev.maturity = "stable";
   dev.description = "FLUX.1 [dev], 12B rectified-flow transformer, distilled guidance";
   dev.create = create;
