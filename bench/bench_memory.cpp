@@ -12,10 +12,10 @@
 //       tp:   tensor parallel over the N ranks: each reads only its slices from the mmapped file.
 //       (pp: PipeFusion stages, added with PipeFusion.)
 // Rank 0 writes the JSON (stdout without --out). bench/run_memory runs the whole comparison.
-#include <sys/resource.h>
-
 #include <fstream>
 #include <iostream>
+
+#include <sys/resource.h>
 
 #include "bench/bench_common.h"
 #include "models/flux/flux_parallel.h"
@@ -116,8 +116,8 @@ FluxInputs make_inputs(const FluxConfig& c, int64_t grid, int64_t text, c10::Sca
 int main(int argc, char** argv) {
   try {
     xb::Args args(argc, argv, {});
-    args.check_known({"write-weights", "weights", "config", "dtype", "strategy", "forward",
-                      "threads", "out"});
+    args.check_known(
+        {"write-weights", "weights", "config", "dtype", "strategy", "forward", "threads", "out"});
     const auto dtype = xb::parse_dtype(args.get("dtype", "bf16"));
     if (args.has("write-weights")) {
       write_weights(args.get("write-weights", ""), find_size(args.get("config", "medium")), dtype);
@@ -158,7 +158,8 @@ int main(int argc, char** argv) {
     auto model = xfuser::models::flux::load_flux_transformer(dir.string(), dtype, groups.get());
     const double load_seconds = xb::now_seconds() - t0;
     int64_t weight_bytes = 0;
-    for (const auto& [name, slot] : model->named_parameters()) weight_bytes += slot->tensor.nbytes();
+    for (const auto& [name, slot] : model->named_parameters())
+      weight_bytes += slot->tensor.nbytes();
     const int64_t rss_after_load = peak_rss_bytes();
 
     double forward_seconds = 0;
@@ -166,21 +167,20 @@ int main(int argc, char** argv) {
       const FluxInputs inputs = make_inputs(model->config(), config.at("bench_grid").get<int64_t>(),
                                             config.at("bench_text_tokens").get<int64_t>(), dtype);
       const double t1 = xb::now_seconds();
-      at::Tensor out = groups ? xfuser::models::flux::sequence_parallel_forward(*model, inputs,
-                                                                                *groups)
-                              : model->forward(inputs);
+      at::Tensor out =
+          groups ? xfuser::models::flux::sequence_parallel_forward(*model, inputs, *groups)
+                 : model->forward(inputs);
       forward_seconds = xb::now_seconds() - t1;
       XF_CHECK(at::isfinite(out.to(at::kFloat)).all().item<bool>(), "non-finite forward output");
     }
     // [weight bytes, peak RSS after load, peak RSS, RssAnon, RssFile, load s, forward s]
-    at::Tensor mine = at::tensor({static_cast<double>(weight_bytes),
-                                  static_cast<double>(rss_after_load),
-                                  static_cast<double>(peak_rss_bytes()),
-                                  static_cast<double>(status_bytes("RssAnon")),
-                                  static_cast<double>(status_bytes("RssFile")), load_seconds,
-                                  forward_seconds},
-                                 at::kDouble)
-                         .unsqueeze(0);
+    at::Tensor mine =
+        at::tensor(
+            {static_cast<double>(weight_bytes), static_cast<double>(rss_after_load),
+             static_cast<double>(peak_rss_bytes()), static_cast<double>(status_bytes("RssAnon")),
+             static_cast<double>(status_bytes("RssFile")), load_seconds, forward_seconds},
+            at::kDouble)
+            .unsqueeze(0);
     at::Tensor all = world->size() > 1 ? world->all_gather(mine, 0) : mine;  // [P, 7]
     if (mpi.rank() == 0) {
       nlohmann::json ranks = nlohmann::json::array();

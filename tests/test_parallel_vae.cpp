@@ -75,8 +75,8 @@ TEST_F(ParallelVae, BandDecodeEqualsSerialDecode) {
   };
   // Odd and uneven row counts (9 = 5+4 or 3+2+2+2; 5 = 3+2 or 2+1+1+1), a batch with slicing,
   // and fewer rows than 4 ranks (every rank decodes the whole latent).
-  for (const Case& c : {Case{1, 9, 7, false}, Case{2, 5, 6, true}, Case{2, 5, 6, false},
-                        Case{1, 3, 4, false}}) {
+  for (const Case& c :
+       {Case{1, 9, 7, false}, Case{2, 5, 6, true}, Case{2, 5, 6, false}, Case{1, 3, 4, false}}) {
     at::manual_seed(c.rows * 100 + c.cols);
     at::Tensor z = at::randn({c.batch, 4, c.rows, c.cols});
     vae->enable_slicing(c.slicing);
@@ -85,8 +85,8 @@ TEST_F(ParallelVae, BandDecodeEqualsSerialDecode) {
     ASSERT_EQ(got.sizes(), want.sizes());
     const double rel = max_rel_error(got, want);
     if (world_rank() == 0)
-      std::printf("[vae] %d ranks, z [%lld, 4, %lld, %lld]%s: max rel error %.2e\n",
-                  world_->size(), static_cast<long long>(c.batch), static_cast<long long>(c.rows),
+      std::printf("[vae] %d ranks, z [%lld, 4, %lld, %lld]%s: max rel error %.2e\n", world_->size(),
+                  static_cast<long long>(c.batch), static_cast<long long>(c.rows),
                   static_cast<long long>(c.cols), c.slicing ? " sliced" : "", rel);
     EXPECT_LE(rel, 1e-5);
   }
@@ -95,16 +95,16 @@ TEST_F(ParallelVae, BandDecodeEqualsSerialDecode) {
 
 TEST_F(ParallelVae, OverTheReplicaGroupOfADataParallelLayout) {
   if (world_->size() != 4) GTEST_SKIP() << "needs 4 ranks";
-  auto groups = std::make_shared<ProcessGroups>(WorldConfig::from_degrees(4, 2, 1, 1, 2, 1, 1),
-                                                world_);
+  auto groups =
+      std::make_shared<ProcessGroups>(WorldConfig::from_degrees(4, 2, 1, 1, 2, 1, 1), world_);
   EXPECT_EQ(groups->replica().size(), 2);
   EXPECT_EQ(groups->replica().name(), groups->coords().dp == 0 ? "replica[0,1]" : "replica[2,3]");
   auto vae = random_vae();
   // Each replica decodes its own latent (dp rank d draws seed d).
   at::manual_seed(40 + groups->coords().dp);
   at::Tensor z = at::randn({1, 4, 7, 5});
-  const double rel = max_rel_error(patch_parallel_decode(*vae, z, groups->replica()),
-                                   vae->decode(z));
+  const double rel =
+      max_rel_error(patch_parallel_decode(*vae, z, groups->replica()), vae->decode(z));
   EXPECT_LE(rel, 1e-5);
 }
 

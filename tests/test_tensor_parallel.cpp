@@ -115,21 +115,21 @@ TEST_F(TensorParallelTest, TransformerFromFileEqualsSerialForward) {
   FluxTransformer2DModel serial(cfg);
   serial.init_random(5, 0.2);
   // Rank 0 writes the folder; every rank reads its own slices of it.
-  fs::path dir = xfuser::testing::binary_dir() /
-                 ("test-tp-np" + std::to_string(world_->size())) / "transformer";
+  fs::path dir = xfuser::testing::binary_dir() / ("test-tp-np" + std::to_string(world_->size())) /
+                 "transformer";
   if (world_rank() == 0) {
     fs::create_directories(dir);
     std::map<std::string, at::Tensor> state;
     for (const auto& [name, slot] : serial.named_parameters()) state[name] = slot->tensor;
-    xfuser::models::save_safetensors((dir / "diffusion_pytorch_model.safetensors").string(),
-                                     state);
+    xfuser::models::save_safetensors((dir / "diffusion_pytorch_model.safetensors").string(), state);
     std::ofstream(dir / "config.json") << config_json(cfg).dump(2);
   }
   world_->barrier();
   for (int ring : {1, 2}) {
     if (world_->size() / 2 % ring != 0) continue;
     auto groups = tp2_groups(ring);
-    auto model = xfuser::models::flux::load_flux_transformer(dir.string(), at::kFloat, groups.get());
+    auto model =
+        xfuser::models::flux::load_flux_transformer(dir.string(), at::kFloat, groups.get());
     // This rank holds half of every block's weights (attention heads, MLPs, modulation) plus
     // the replicated embedders, norm_out and proj_out; the tensors hold exactly that much.
     int64_t blocks = 0, rest = 0, held = 0;
@@ -184,17 +184,19 @@ TEST_F(TensorParallelTest, ShardedInitRandomHoldsTheSlicesOfTheFullModel) {
     return at::Tensor();
   };
   const int64_t d = cfg.inner_dim();
-  EXPECT_TRUE(at::equal(find(part, "transformer_blocks.0.attn.to_q.weight"),
-                        find(full, "transformer_blocks.0.attn.to_q.weight").narrow(0, r * d / 2, d / 2)));
-  EXPECT_TRUE(at::equal(find(part, "transformer_blocks.1.ff.net.2.weight"),
-                        find(full, "transformer_blocks.1.ff.net.2.weight").narrow(1, r * 2 * d, 2 * d)));
+  EXPECT_TRUE(
+      at::equal(find(part, "transformer_blocks.0.attn.to_q.weight"),
+                find(full, "transformer_blocks.0.attn.to_q.weight").narrow(0, r * d / 2, d / 2)));
+  EXPECT_TRUE(
+      at::equal(find(part, "transformer_blocks.1.ff.net.2.weight"),
+                find(full, "transformer_blocks.1.ff.net.2.weight").narrow(1, r * 2 * d, 2 * d)));
   EXPECT_TRUE(at::equal(find(part, "transformer_blocks.1.ff.net.2.bias"),
                         find(full, "transformer_blocks.1.ff.net.2.bias")));
   at::Tensor proj_out = find(full, "single_transformer_blocks.0.proj_out.weight");  // [D, 5D]
-  EXPECT_TRUE(at::equal(find(part, "single_transformer_blocks.0.proj_out.weight"),
-                        at::cat({proj_out.narrow(1, r * d / 2, d / 2),
-                                 proj_out.narrow(1, d + r * 2 * d, 2 * d)},
-                                1)));
+  EXPECT_TRUE(at::equal(
+      find(part, "single_transformer_blocks.0.proj_out.weight"),
+      at::cat({proj_out.narrow(1, r * d / 2, d / 2), proj_out.narrow(1, d + r * 2 * d, 2 * d)},
+              1)));
   EXPECT_TRUE(at::equal(find(part, "x_embedder.weight"), find(full, "x_embedder.weight")));
   model.set_tensor_parallel_ops(xfuser::models::flux::tensor_parallel_ops(groups->tp()));
   const auto in = inputs(cfg, 10, 5);
@@ -206,8 +208,8 @@ TEST_F(TensorParallelTest, ShardedInitRandomHoldsTheSlicesOfTheFullModel) {
 TEST_F(TensorParallelTest, GatedFeedForwardSplitsHiddenAndGateTogether) {
   auto groups = tp2_groups();
   const auto ops = xfuser::models::flux::tensor_parallel_ops(groups->tp());
-  for (auto kind : {FeedForwardKind::kGeglu, FeedForwardKind::kSwiglu,
-                    FeedForwardKind::kGeluApproximate}) {
+  for (auto kind :
+       {FeedForwardKind::kGeglu, FeedForwardKind::kSwiglu, FeedForwardKind::kGeluApproximate}) {
     FeedForward full(16, 16, 4.0, kind);
     full.init_random(4, 0.3);
     ParallelFeedForward part(16, 16, 4.0, kind, TensorParallel{groups->coords().tp, 2});

@@ -46,8 +46,8 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_feat
 at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const {
   XF_CHECK(weight_->tensor.defined(), "ColumnParallelLinear [", local_out_, ", ", in_,
            "] used before loading");
-  XF_CHECK(x.dim() >= 1 && x.size(-1) == in_, "ColumnParallelLinear expects [..., ", in_,
-           "], got ", shape_string(x.sizes()));
+  XF_CHECK(x.dim() >= 1 && x.size(-1) == in_, "ColumnParallelLinear expects [..., ", in_, "], got ",
+           shape_string(x.sizes()));
   return linear_op(x, weight_->tensor, bias_ ? bias_->tensor : at::Tensor());
 }
 
@@ -56,8 +56,7 @@ at::Tensor ColumnParallelLinear::forward_gathered(const at::Tensor& x,
   at::Tensor y = forward(x);  // [..., out/n]
   if (parts_ == 1) return y;
   XF_CHECK(segments_ == 1, "ColumnParallelLinear::forward_gathered needs a single segment");
-  XF_CHECK(static_cast<bool>(ops.all_gather_last),
-           "a tensor-parallel model (degree ", parts_,
+  XF_CHECK(static_cast<bool>(ops.all_gather_last), "a tensor-parallel model (degree ", parts_,
            ") runs without its all-gather hook: set the tensor-parallel ops before forward");
   return ops.all_gather_last(y.contiguous());  // [..., out]
 }
@@ -70,8 +69,8 @@ RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features,
     : out_(out_features), parts_(tp.size) {
   check_tp(tp);
   if (segments.empty()) segments = {in_features};
-  XF_CHECK(sum_of(segments) == in_features, "RowParallelLinear: segments sum to ",
-           sum_of(segments), ", in_features is ", in_features);
+  XF_CHECK(sum_of(segments) == in_features, "RowParallelLinear: segments sum to ", sum_of(segments),
+           ", in_features is ", in_features);
   weight_ = &sharded_param("weight", {out_features, in_features}, tp.shard(1, segments));
   if (bias) bias_ = &param("bias", {out_features});  // replicated, added once
   local_in_ = weight_->shape[1];
@@ -108,8 +107,8 @@ ParallelFeedForward::ParallelFeedForward(int64_t dim, int64_t dim_out, double mu
   // rank's part is [hidden_r | gate_r] and chunk(2) still pairs them.
   std::vector<int64_t> segments =
       gated(kind) ? std::vector<int64_t>{inner, inner} : std::vector<int64_t>{inner};
-  proj_ = child("net.0.proj", std::make_shared<ColumnParallelLinear>(dim, sum_of(segments), tp,
-                                                                     bias, segments));
+  proj_ = child("net.0.proj",
+                std::make_shared<ColumnParallelLinear>(dim, sum_of(segments), tp, bias, segments));
   out_ = child("net.2", std::make_shared<RowParallelLinear>(inner, dim_out, tp, bias));
 }
 
@@ -151,8 +150,8 @@ AdaLayerNormZero::Output ParallelAdaLayerNormZero::forward(const at::Tensor& x,
                                                            const at::Tensor& temb,
                                                            const TensorParallelOps& ops) const {
   const int64_t dim = linear_->in_features();
-  XF_CHECK(x.dim() == 3 && x.size(2) == dim, "AdaLayerNormZero: x must be [B, S, ", dim,
-           "], got ", shape_string(x.sizes()));
+  XF_CHECK(x.dim() == 3 && x.size(2) == dim, "AdaLayerNormZero: x must be [B, S, ", dim, "], got ",
+           shape_string(x.sizes()));
   auto emb = linear_->forward_gathered(activate(temb, Activation::kSilu), ops);  // [B, 6D]
   auto c = emb.chunk(6, 1);
   AdaLayerNormZero::Output o;
@@ -165,8 +164,7 @@ AdaLayerNormZero::Output ParallelAdaLayerNormZero::forward(const at::Tensor& x,
 }
 
 ParallelAdaLayerNormZeroSingle::ParallelAdaLayerNormZeroSingle(int64_t dim,
-                                                               const TensorParallel& tp,
-                                                               double eps)
+                                                               const TensorParallel& tp, double eps)
     : eps_(eps) {
   linear_ = child("linear", std::make_shared<ColumnParallelLinear>(dim, 3 * dim, tp));
 }

@@ -258,10 +258,10 @@ void FluxModel::decode(State& base) {
   // [B, 3, H, W] in [-1, 1]; with --use_parallel_vae in bands over the ranks of this replica
   // (every one of them holds the same final latents).
   const auto& groups = process_groups();
-  at::Tensor image = load_options().parallel_vae && groups
-                         ? vae::patch_parallel_decode(*vae_, latents.to(vae_->dtype()),
-                                                      groups->replica())
-                         : vae_->decode(latents.to(vae_->dtype()));
+  at::Tensor image =
+      load_options().parallel_vae && groups
+          ? vae::patch_parallel_decode(*vae_, latents.to(vae_->dtype()), groups->replica())
+          : vae_->decode(latents.to(vae_->dtype()));
   // diffusers' VaeImageProcessor.postprocess: (x / 2 + 0.5).clamp(0, 1) -> uint8, round.
   at::Tensor x = (image.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
   s.images = (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();

@@ -111,8 +111,8 @@ class FluxTransformerBlock : public Module {
     norm1_context_ =
         child("norm1_context", std::make_shared<ParallelAdaLayerNormZero>(dim, tp, kNormEps));
     attn_ = child("attn", std::make_shared<FluxAttention>(dim, heads, head_dim, true, tp));
-    ff_ = child("ff", std::make_shared<ParallelFeedForward>(
-                          dim, dim, 4.0, FeedForwardKind::kGeluApproximate, tp));
+    ff_ = child("ff", std::make_shared<ParallelFeedForward>(dim, dim, 4.0,
+                                                            FeedForwardKind::kGeluApproximate, tp));
     ff_context_ = child("ff_context", std::make_shared<ParallelFeedForward>(
                                           dim, dim, 4.0, FeedForwardKind::kGeluApproximate, tp));
   }
@@ -166,9 +166,9 @@ class FluxSingleTransformerBlock : public Module {
     proj_mlp_ = child("proj_mlp", std::make_shared<ColumnParallelLinear>(dim, mlp_dim, tp));
     // Input features [attention D | MLP 4D]: each block split on its own, so this rank's part
     // [attention heads_r | MLP_r] is exactly cat({o, mlp}) below.
-    proj_out_ = child("proj_out", std::make_shared<RowParallelLinear>(
-                                      dim + mlp_dim, dim, tp, true,
-                                      std::vector<int64_t>{dim, mlp_dim}));
+    proj_out_ =
+        child("proj_out", std::make_shared<RowParallelLinear>(dim + mlp_dim, dim, tp, true,
+                                                              std::vector<int64_t>{dim, mlp_dim}));
     attn_ = child("attn", std::make_shared<FluxAttention>(dim, heads, head_dim, false, tp));
   }
 
@@ -229,8 +229,9 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxConfig config, TensorParallel
                             std::make_shared<FluxTransformerBlock>(dim, heads, hd, tp)));
   }
   for (int64_t i = 0; i < config_.num_single_layers; ++i) {
-    single_blocks_.push_back(child("single_transformer_blocks." + std::to_string(i),
-                                   std::make_shared<FluxSingleTransformerBlock>(dim, heads, hd, tp)));
+    single_blocks_.push_back(
+        child("single_transformer_blocks." + std::to_string(i),
+              std::make_shared<FluxSingleTransformerBlock>(dim, heads, hd, tp)));
   }
   norm_out_ =
       child("norm_out", std::make_shared<AdaLayerNormContinuous>(dim, dim, false, kNormEps));

@@ -51,8 +51,8 @@ std::pair<at::Tensor, at::Tensor> CommSpatialContext::group_moments(const at::Te
   // float64 sums: the same statistics as one rank's var_mean up to rounding).
   const int64_t b = x.size(0), g = x.size(1);
   at::Tensor xd = x.to(at::kDouble);
-  at::Tensor sums = at::cat({xd.sum(-1).reshape({-1}),
-                             at::full({1}, static_cast<double>(x.size(2)), xd.options())});
+  at::Tensor sums = at::cat(
+      {xd.sum(-1).reshape({-1}), at::full({1}, static_cast<double>(x.size(2)), xd.options())});
   comm_.all_reduce(sums);  // [B*G + 1]: sums, then the element count
   const double count = sums[b * g].item<double>();
   at::Tensor mean = sums.narrow(0, 0, b * g).reshape({b, g}) / count;  // [B, G]

@@ -120,10 +120,11 @@ void run_forward(const ForwardOptions& opts) {
   models::TensorMap outputs;
   if (groups) {
     auto* flux = dynamic_cast<models::flux::FluxTransformer2DModel*>(component.get());
-    XF_CHECK(flux != nullptr && opts.method == "forward",
-             "--ulysses_degree / --ring_degree / --tensor_parallel_degree: parallel forward supports "
-             "FluxTransformer2DModel.forward, not ",
-             component->class_name(), ".", opts.method);
+    XF_CHECK(
+        flux != nullptr && opts.method == "forward",
+        "--ulysses_degree / --ring_degree / --tensor_parallel_degree: parallel forward supports "
+        "FluxTransformer2DModel.forward, not ",
+        component->class_name(), ".", opts.method);
     outputs["sample"] =
         models::flux::sequence_parallel_forward(*flux, flux->parse_inputs(inputs), *groups);
   } else {
