@@ -12,12 +12,13 @@
 // rank: the stage's block range, its transformer weight bytes, the resident set after loading
 // and its peak (getrusage), and the step times.
 #include <mpi.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+
+#include <sys/resource.h>
 
 #include "bench/bench_common.h"
 #include "models/flux/flux_pipefusion.h"
@@ -166,8 +167,8 @@ int run(int argc, char** argv) {
       step_seconds.push_back(xb::now_seconds() - t0);
     }
   } else {
-    xfuser::models::flux::FluxPipeFusion pipe(*model, *groups, kGrid, kGrid, patches,
-                                              warmup_steps, steps);
+    xfuser::models::flux::FluxPipeFusion pipe(*model, *groups, kGrid, kGrid, patches, warmup_steps,
+                                              steps);
     at::Tensor latents = in.hidden_states.clone();
     for (int i = 0; i < steps; ++i) {
       const double t0 = xb::now_seconds();
@@ -181,9 +182,9 @@ int run(int argc, char** argv) {
 
   // Gather [weight bytes, rss after load, peak rss, block begin, block end] from every rank.
   const auto& part = model->part();
-  at::Tensor mine = at::tensor(std::vector<int64_t>{weight_bytes, rss_after_load, peak,
-                                                    part.block_begin, part.block_end},
-                               at::kLong);
+  at::Tensor mine = at::tensor(
+      std::vector<int64_t>{weight_bytes, rss_after_load, peak, part.block_begin, part.block_end},
+      at::kLong);
   at::Tensor all = world->all_gather(mine, 0).view({p, 5});
   at::Tensor times = world->all_gather(at::tensor(step_seconds, at::kDouble), 0).view({p, steps});
   if (rank == 0) {

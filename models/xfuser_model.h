@@ -75,6 +75,8 @@ struct ModelLoadOptions {
   bool kernel_overrides = true;
   // PipeFusion: transformer blocks per stage (--pipefusion_layers); empty = balanced.
   std::vector<int64_t> pipefusion_layers;
+  // Patch-parallel VAE decode over the process groups' replica (--use_parallel_vae).
+  bool parallel_vae = false;
 };
 
 class XFuserModel {

@@ -23,6 +23,19 @@ ProcessGroups::ProcessGroups(const WorldConfig& config, std::shared_ptr<Communic
              ", expected rank ", coords_.get(dim), " of ", config_.degree(dim));
     groups_[dim] = std::move(comm);
   }
+  {
+    XF_CONTEXT("creating the replica group of rank ", world_->rank());
+    std::vector<int> members;
+    std::string name = "replica[";
+    for (int r = 0; r < config_.world_size(); ++r) {
+      if (config_.coords(r).dp != coords_.dp) continue;
+      name += (members.empty() ? "" : ",") + std::to_string(r);
+      members.push_back(r);
+    }
+    replica_ = world_->split(members.front(), world_->rank(), name + "]");
+    XF_CHECK(replica_->size() == static_cast<int>(members.size()), "group '", replica_->name(),
+             "' came out with ", replica_->size(), " ranks, expected ", members.size());
+  }
 }
 
 Communicator& ProcessGroups::group(MeshDim dim) const { return *groups_.at(dim); }
@@ -33,12 +46,14 @@ std::map<std::string, std::map<std::string, OpStats>> ProcessGroups::stats() con
   for (const auto& [dim, comm] : groups_) {
     if (!comm->stats().empty()) out[comm->name()] = comm->stats();
   }
+  if (!replica_->stats().empty()) out[replica_->name()] = replica_->stats();
   return out;
 }
 
 void ProcessGroups::reset_stats() {
   world_->reset_stats();
   for (auto& [dim, comm] : groups_) comm->reset_stats();
+  replica_->reset_stats();
 }
 
 }  // namespace xfuser::parallel

@@ -33,6 +33,10 @@ class ProcessGroups {
   Communicator& cfg() const { return group(MeshDim::kCfg); }
   Communicator& dp() const { return group(MeshDim::kDp); }
   Communicator& world() const { return *world_; }
+  // Every rank that holds the same images: the ranks with this rank's dp coordinate (the
+  // product of the tp, sp, pp and cfg groups), ordered by world rank; named "replica[0,1,..]".
+  // The patch-parallel VAE splits its decode over it.
+  Communicator& replica() const { return *replica_; }
   Communicator& group(MeshDim dim) const;
 
   // Run-report counters: group name -> operation -> OpStats, for the world and every group that
@@ -45,6 +49,7 @@ class ProcessGroups {
   RankCoords coords_;
   std::shared_ptr<Communicator> world_;
   std::map<MeshDim, std::unique_ptr<Communicator>> groups_;
+  std::unique_ptr<Communicator> replica_;
 };
 
 }  // namespace xfuser::parallel

@@ -20,7 +20,6 @@ const std::set<std::string>& not_yet_supported() {
                                               "--input_images",
                                               "--num_frames",
                                               "--task",
-                                              "--use_parallel_vae",
                                               "--profile",
                                               "--dataset_path",
                                               "--batch_size",

@@ -32,8 +32,8 @@ struct RunConfig {
   int num_pipeline_patch = 0;  // 0: the pp degree
   int pipefusion_warmup_steps = 1;
   std::vector<int64_t> pipefusion_layers;  // blocks per stage; empty: balanced
-  bool pipefusion_psnr = false;  // also generate the exact image and report the PSNR
-  double comm_timeout = 600.0;  // seconds, every blocking collective
+  bool pipefusion_psnr = false;            // also generate the exact image and report the PSNR
+  double comm_timeout = 600.0;             // seconds, every blocking collective
 
   // Input parameters (unset optionals take the model's defaults)
   std::vector<std::string> prompt;

@@ -190,6 +190,7 @@ void Runner::initialize(const ResolvedArgs& args) {
     options.kernel_overrides = std::string(env) != "0";
   }
   options.pipefusion_layers = args.config.pipefusion_layers;
+  options.parallel_vae = args.config.use_parallel_vae;
   model_->load(model_dir_, options);
   for (const auto& e : model_->backend_timeline()) {
     spdlog::debug("backend {}: op {} runs {} ({})", e.backend, e.tag, e.chosen,
@@ -250,9 +251,9 @@ RunResult Runner::run(const ResolvedArgs& args) {
     auto out = model_->generate(exact);
     result.pipefusion_psnr = models::flux::image_psnr(result.images, out.images);
     spdlog::info("PipeFusion PSNR vs exact: {:.2f} dB ({} patches, {} warm-up step(s))",
-                 *result.pipefusion_psnr, args.config.num_pipeline_patch > 0
-                                              ? args.config.num_pipeline_patch
-                                              : args.config.pipefusion_parallel_degree,
+                 *result.pipefusion_psnr,
+                 args.config.num_pipeline_patch > 0 ? args.config.num_pipeline_patch
+                                                    : args.config.pipefusion_parallel_degree,
                  args.config.pipefusion_warmup_steps);
   }
   return result;

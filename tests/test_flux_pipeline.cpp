@@ -130,6 +130,41 @@ TEST_F(TinyFlux, Bf16RunsAndStaysCloseToFp32) {
   EXPECT_LT((f32 - b16).abs().mean().item<double>(), 32.0);
 }
 
+// --enable_tiling / --enable_slicing reach the pipeline's VAE (ModelLoadOptions, as the runner
+// passes them): slicing decodes the same images; tiling (a 320-pixel-high image is 40 latent
+// rows, above the tiny VAE's 32-row tile) blends tiles, so the same latents give other pixels.
+TEST_F(TinyFlux, VaeTilingAndSlicingOptionsReachTheDecoder) {
+  auto load_with = [](bool tiling, bool slicing, bool parallel_vae = false) {
+    const auto& spec = ModelRegistry::find("tiny-flux");
+    auto model = spec.create(spec);
+    xfuser::models::ModelLoadOptions opts;
+    opts.enable_tiling = tiling;
+    opts.enable_slicing = slicing;
+    opts.parallel_vae = parallel_vae;
+    model->load(pipe(), opts);
+    return model;
+  };
+  auto req = request({"a cat", "a dog"}, 5);
+  req.height = 320;
+  req.width = 64;
+  req.num_inference_steps = 1;
+  auto plain = load_with(false, false)->generate(req);
+  auto sliced = load_with(false, true)->generate(req);
+  auto tiled = load_with(true, false)->generate(req);
+  EXPECT_TRUE(at::equal(sliced.latents, plain.latents));
+  EXPECT_LE((sliced.images.to(at::kInt) - plain.images.to(at::kInt)).abs().max().item<int>(), 1);
+  EXPECT_TRUE(at::equal(tiled.latents, plain.latents));
+  EXPECT_GT((tiled.images.to(at::kInt) - plain.images.to(at::kInt)).abs().max().item<int>(), 1);
+  try {
+    load_with(true, false, true);
+    FAIL() << "--use_parallel_vae with --enable_tiling was accepted";
+  } catch (const xfuser::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--use_parallel_vae and --enable_tiling"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(TinyFlux, BadRequestsAreNamed) {
   auto model = load(at::kFloat);
   auto r = request({"a cat"}, 1);

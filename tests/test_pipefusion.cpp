@@ -69,8 +69,8 @@ class PipeFusion : public ::testing::Test {
     delete dir_;
     world_.reset();
   }
-  static std::unique_ptr<xfuser::models::XFuserModel> load(
-      std::shared_ptr<ProcessGroups> groups, std::vector<int64_t> layers = {}) {
+  static std::unique_ptr<xfuser::models::XFuserModel> load(std::shared_ptr<ProcessGroups> groups,
+                                                           std::vector<int64_t> layers = {}) {
     const auto& spec = ModelRegistry::find("tiny-flux");
     auto model = spec.create(spec);
     model->set_process_groups(std::move(groups));
@@ -80,8 +80,7 @@ class PipeFusion : public ::testing::Test {
     return model;
   }
   // 64x48 -> 4 token rows x 3 columns (12 image tokens).
-  static GenerationRequest request(int steps, int warmup, int patches, bool cfg,
-                                   int text_len = 8) {
+  static GenerationRequest request(int steps, int warmup, int patches, bool cfg, int text_len = 8) {
     GenerationRequest r;
     r.prompts = {"a cat on a sofa", "an owl at night"};
     r.height = 64;
@@ -119,7 +118,8 @@ class PipeFusion : public ::testing::Test {
 std::shared_ptr<MpiCommunicator> PipeFusion::world_;
 std::filesystem::path* PipeFusion::dir_ = nullptr;
 
-// ---- one rank: partition, layout, partial models, flags ------------------------------------------
+// ---- one rank: partition, layout, partial models, flags
+// ------------------------------------------
 
 TEST(PipeFusionLayout, BalancedSplitMinimisesTheLargestStage) {
   using V = std::vector<int64_t>;
@@ -158,11 +158,17 @@ TEST(PipeFusionLayout, StageLayersBalancedByParametersOrExplicit) {
         << stages << " stages";
   }
   EXPECT_EQ(flux::pipefusion_stage_layers(dev, 2, {10, 47}), (std::vector<int64_t>{10, 47}));
-  EXPECT_TRUE(contains(error_of([&] { flux::pipefusion_stage_layers(dev, 2, {10, 46}); }),
+  EXPECT_TRUE(contains(error_of([&] {
+                         flux::pipefusion_stage_layers(dev, 2, {10, 46});
+                       }),
                        "sums to 56; the model has 57"));
-  EXPECT_TRUE(contains(error_of([&] { flux::pipefusion_stage_layers(dev, 2, {0, 57}); }),
+  EXPECT_TRUE(contains(error_of([&] {
+                         flux::pipefusion_stage_layers(dev, 2, {0, 57});
+                       }),
                        "at least one block"));
-  EXPECT_TRUE(contains(error_of([&] { flux::pipefusion_stage_layers(dev, 3, {10, 47}); }),
+  EXPECT_TRUE(contains(error_of([&] {
+                         flux::pipefusion_stage_layers(dev, 3, {10, 47});
+                       }),
                        "gives 2 stage(s)"));
   FluxConfig small = dev;
   small.num_layers = 2;
@@ -281,11 +287,11 @@ TEST_F(PipeFusion, WarmupThroughAllStepsEqualsSerial) {
     for (int patches : {2, 3}) {
       for (bool cfg : {false, true}) {
         const auto req = request(3, 3, patches, cfg);
-        std::string what = "pp2 layers " +
-                           (layers.empty() ? std::string("balanced")
-                                           : std::to_string(layers[0]) + "," +
-                                                 std::to_string(layers[1])) +
-                           " M" + std::to_string(patches) + (cfg ? " +cfg" : "");
+        std::string what =
+            "pp2 layers " +
+            (layers.empty() ? std::string("balanced")
+                            : std::to_string(layers[0]) + "," + std::to_string(layers[1])) +
+            " M" + std::to_string(patches) + (cfg ? " +cfg" : "");
         expect_same(model->generate(req), serial->generate(req), what);
       }
     }
@@ -319,7 +325,9 @@ TEST_F(PipeFusion, OneWarmupStepPsnrAboveBound) {
 
 TEST_F(PipeFusion, BadLayoutsAreClearErrors) {
   if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
-  EXPECT_TRUE(contains(error_of([&] { load(groups(1, 2, 1, 1), {1, 1}); }),
+  EXPECT_TRUE(contains(error_of([&] {
+                         load(groups(1, 2, 1, 1), {1, 1});
+                       }),
                        "--pipefusion_layers 1,1 sums to 2; the model has 4"));
   auto model = load(groups(1, 2, 1, 1));
   EXPECT_TRUE(contains(error_of([&] { model->generate(request(2, 1, 5, false)); }),

@@ -53,9 +53,8 @@ class PipeFusionRun : public ::testing::Test {
 TEST_F(PipeFusionRun, ExactPipelineWritesTheSerialImage) {
   xfuser::testing::TempDir serial, out;
   std::string log;
-  ASSERT_EQ(xfuser::testing::run_command(bin_ + common_ + " --output_directory " +
-                                             serial.path().string(),
-                                         &log),
+  ASSERT_EQ(xfuser::testing::run_command(
+                bin_ + common_ + " --output_directory " + serial.path().string(), &log),
             0)
       << log;
   ASSERT_EQ(xfuser::testing::run_command(

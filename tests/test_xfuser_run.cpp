@@ -282,10 +282,13 @@ TEST_F(XfuserRun, UnderMpirunEveryStrategyWritesTheSerialImages) {
     std::string flags;
     std::string tag;  // u/r part of the file names
   };
-  for (const Case& c : {Case{2, "--ulysses_degree 2", "u2r1"}, Case{2, "--ring_degree 2", "u1r2"},
-                        Case{2, "--use_cfg_parallel", "u1r1"},
-                        Case{4, "--data_parallel_degree 2 --ulysses_degree 2", "u2r1"},
-                        Case{4, "--use_cfg_parallel --ring_degree 2", "u1r2"}}) {
+  for (const Case& c :
+       {Case{2, "--ulysses_degree 2", "u2r1"}, Case{2, "--ring_degree 2", "u1r2"},
+        Case{2, "--use_cfg_parallel", "u1r1"},
+        Case{4, "--data_parallel_degree 2 --ulysses_degree 2", "u2r1"},
+        Case{4, "--use_cfg_parallel --ring_degree 2", "u1r2"},
+        Case{2, "--tensor_parallel_degree 2", "u1r1"},
+        Case{4, "--tensor_parallel_degree 2 --ulysses_degree 2 --use_parallel_vae", "u2r1"}}) {
     xfuser::testing::TempDir out;
     ASSERT_EQ(xfuser::testing::run_command(mpirun(c.np) + bin + common + " " + c.flags +
                                                " --output_directory " + out.path().string(),
@@ -372,9 +375,10 @@ TEST_F(XfuserRun, ForwardToolUnderMpirunEqualsTheFixture) {
     int np;
     std::string flags;
   };
-  for (const Case& c :
-       {Case{2, "--ulysses_degree 2"}, Case{2, "--ring_degree 2"},
-        Case{4, "--ulysses_degree 2 --ring_degree 2"}, Case{4, "--ulysses_degree 4"}}) {
+  for (const Case& c : {Case{2, "--ulysses_degree 2"}, Case{2, "--ring_degree 2"},
+                        Case{4, "--ulysses_degree 2 --ring_degree 2"},
+                        Case{4, "--ulysses_degree 4"}, Case{2, "--tensor_parallel_degree 2"},
+                        Case{4, "--tensor_parallel_degree 2 --ulysses_degree 2"}}) {
     xfuser::testing::TempDir out;
     std::string log;
     ASSERT_EQ(xfuser::testing::run_command(

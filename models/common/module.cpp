@@ -17,7 +17,54 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
+// The part of `full` (stored layout) that `shard` selects.
+at::Tensor take_part(const at::Tensor& full, const ParamShard& shard) {
+  std::vector<at::Tensor> pieces;
+  int64_t offset = 0;
+  for (int64_t seg : shard.segments) {
+    const int64_t len = seg / shard.parts;
+    pieces.push_back(full.narrow(shard.dim, offset + shard.part * len, len));
+    offset += seg;
+  }
+  return pieces.size() == 1 ? pieces[0] : at::cat(pieces, shard.dim);
+}
+
 }  // namespace
+
+std::vector<int64_t> ParamSlot::stored_shape() const {
+  if (!shard) return shape;
+  std::vector<int64_t> out = shape;
+  int64_t total = 0;
+  for (int64_t seg : shard->segments) total += seg;
+  out[shard->dim] = total;
+  return out;
+}
+
+ParamSlot& Module::sharded_param(const std::string& name, std::vector<int64_t> stored_shape,
+                                 ParamShard shard) {
+  const int64_t ndim = static_cast<int64_t>(stored_shape.size());
+  XF_CHECK(shard.dim >= 0 && shard.dim < ndim, "parameter '", name, "' of shape ",
+           shape_string(stored_shape), " has no dim ", shard.dim, " to shard");
+  XF_CHECK(shard.parts >= 1 && shard.part >= 0 && shard.part < shard.parts, "parameter '", name,
+           "': shard part ", shard.part, " of ", shard.parts, " is out of range");
+  if (shard.segments.empty()) shard.segments = {stored_shape[shard.dim]};
+  int64_t total = 0, local = 0;
+  for (int64_t seg : shard.segments) {
+    XF_CHECK(seg >= 0 && seg % shard.parts == 0, "parameter '", name, "' of shape ",
+             shape_string(stored_shape), ": dim ", shard.dim, " (segment of ", seg,
+             ") does not split into ", shard.parts, " equal parts");
+    total += seg;
+    local += seg / shard.parts;
+  }
+  XF_CHECK(total == stored_shape[shard.dim], "parameter '", name, "': shard segments sum to ",
+           total, ", dim ", shard.dim, " of ", shape_string(stored_shape), " has ",
+           stored_shape[shard.dim]);
+  std::vector<int64_t> shape = stored_shape;
+  shape[shard.dim] = local;
+  ParamSlot& slot = param(name, std::move(shape));
+  if (shard.parts > 1) slot.shard = std::move(shard);
+  return slot;
+}
 
 ParamSlot& Module::param(const std::string& name, std::vector<int64_t> shape) {
   for (const auto& [n, slot] : params_)
@@ -58,9 +105,9 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
       continue;
     }
     auto info = source.info(full);
-    if (info.shape != slot->shape) {
+    if (info.shape != slot->stored_shape()) {
       mismatched.push_back(full + ": checkpoint " + shape_string(info.shape) + ", model expects " +
-                           shape_string(slot->shape));
+                           shape_string(slot->stored_shape()));
     }
     // Weights are floating point: an integer or bool tensor would be cast to garbage silently.
     const auto want = slot->dtype.value_or(dtype);
@@ -96,7 +143,23 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
     XF_THROW(os.str());
   }
   for (auto& [name, slot] : params) {
-    at::Tensor t = source.get(prefix + name);
+    at::Tensor t;
+    if (!slot->shard) {
+      t = source.get(prefix + name);
+    } else {
+      // Only this rank's slices are read; a slice along dim > 0 is a strided view, copied to a
+      // contiguous tensor so the kernels see a dense weight.
+      const ParamShard& sh = *slot->shard;
+      std::vector<at::Tensor> pieces;
+      int64_t offset = 0;
+      for (int64_t seg : sh.segments) {
+        const int64_t len = seg / sh.parts;
+        pieces.push_back(source.get_slice(prefix + name, sh.dim, offset + sh.part * len, len));
+        offset += seg;
+      }
+      t = pieces.size() == 1 ? pieces[0] : at::cat(pieces, sh.dim);
+      if (!t.is_contiguous()) t = t.contiguous();
+    }
     const auto want = slot->dtype.value_or(dtype);
     slot->tensor = t.scalar_type() == want ? t : t.to(want);
   }
@@ -105,8 +168,9 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
 void Module::init_random(uint64_t seed, double std, c10::ScalarType dtype) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   for (auto& [name, slot] : named_parameters()) {
-    auto t = at::empty(slot->shape, at::TensorOptions().dtype(at::kFloat));
+    auto t = at::empty(slot->stored_shape(), at::TensorOptions().dtype(at::kFloat));
     t.normal_(0.0, std, gen);
+    if (slot->shard) t = take_part(t, *slot->shard).contiguous();
     slot->tensor = t.to(slot->dtype.value_or(dtype));
   }
 }

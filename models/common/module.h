@@ -19,10 +19,27 @@ namespace xfuser::models {
 
 class TensorSource;
 
+// A parameter that holds one part of the checkpoint tensor (tensor parallelism): along `dim`,
+// the stored tensor is a concatenation of `segments` (sizes summing to the stored extent; one
+// segment = the whole dim); this rank holds part `part` of `parts` equal parts of every segment,
+// concatenated in segment order. E.g. FLUX single blocks' proj_out.weight [D, D + 4D] row-split
+// over 2 ranks: dim 1, segments {D, 4D}, rank r holds columns [rD/2, (r+1)D/2) and
+// [D + r*2D, D + (r+1)*2D). Each rank reads only its slices (TensorSource::get_slice).
+struct ParamShard {
+  int64_t dim = 0;
+  std::vector<int64_t> segments;
+  int part = 0;
+  int parts = 1;
+};
+
 struct ParamSlot {
-  std::vector<int64_t> shape;            // expected shape
+  std::vector<int64_t> shape;            // expected shape (of this rank's part when sharded)
   at::Tensor tensor;                     // undefined until loaded
   std::optional<c10::ScalarType> dtype;  // load dtype override (e.g. kept in fp32)
+  std::optional<ParamShard> shard;       // set: the slot holds a part of the stored tensor
+
+  // The shape of the tensor in the checkpoint (== shape unless sharded).
+  std::vector<int64_t> stored_shape() const;
 };
 
 struct LoadOptions {
@@ -50,6 +67,8 @@ class Module {
                     const std::string& prefix = "", const LoadOptions& options = {});
 
   // Fills every parameter with seeded random values (tests, tiny models): N(0, std) per tensor.
+  // A sharded parameter draws its whole stored tensor and keeps its part, so a sharded model
+  // holds exactly the slices of the unsharded model initialised with the same seed.
   void init_random(uint64_t seed, double std = 0.02, c10::ScalarType dtype = c10::kFloat);
 
   // Total parameter count.
@@ -58,6 +77,11 @@ class Module {
  protected:
   // Declares a parameter and returns its slot; the tensor is defined after load().
   ParamSlot& param(const std::string& name, std::vector<int64_t> shape);
+  // Declares part `shard.part` of `shard.parts` of a parameter whose stored shape is
+  // `stored_shape` (see ParamShard); the slot's shape is the part's. Segments default to the
+  // whole dim; every segment must divide by `parts` (the error names the parameter).
+  ParamSlot& sharded_param(const std::string& name, std::vector<int64_t> stored_shape,
+                           ParamShard shard);
   // Registers a child module under `name` ("transformer_blocks.3" style names are fine).
   template <typename M>
   std::shared_ptr<M> child(const std::string& name, std::shared_ptr<M> module) {

@@ -1,8 +1,8 @@
 #include "models/flux/flux_pipefusion.h"
 
 #include <cmath>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -111,8 +111,8 @@ std::vector<int64_t> pipefusion_stage_layers(const FluxConfig& config, int stage
     XF_CHECK(c >= 1, "--pipefusion_layers ", given, ": every stage needs at least one block");
   }
   const int64_t sum = std::accumulate(explicit_counts.begin(), explicit_counts.end(), int64_t{0});
-  XF_CHECK(sum == total_blocks, "--pipefusion_layers ", given, " sums to ", sum,
-           "; the model has ", total_blocks, " transformer blocks (double + single)");
+  XF_CHECK(sum == total_blocks, "--pipefusion_layers ", given, " sums to ", sum, "; the model has ",
+           total_blocks, " transformer blocks (double + single)");
   return explicit_counts;
 }
 
@@ -120,8 +120,8 @@ FluxModelPart pipefusion_stage_part(const std::vector<int64_t>& stage_layers, in
   XF_CHECK(stage >= 0 && stage < static_cast<int>(stage_layers.size()), "pipeline stage ", stage,
            " of ", stage_layers.size());
   FluxModelPart part;
-  part.block_begin = std::accumulate(stage_layers.begin(), stage_layers.begin() + stage,
-                                     int64_t{0});
+  part.block_begin =
+      std::accumulate(stage_layers.begin(), stage_layers.begin() + stage, int64_t{0});
   part.block_end = part.block_begin + stage_layers[stage];
   part.embedders = stage == 0;
   part.head = stage + 1 == static_cast<int>(stage_layers.size());
@@ -158,9 +158,9 @@ struct FluxPipeFusion::Patch {
   int64_t local_text = 0;  // text rows in this rank's sequence
 };
 
-FluxPipeFusion::FluxPipeFusion(FluxTransformer2DModel& model,
-                               const parallel::ProcessGroups& groups, int64_t token_rows,
-                               int64_t token_cols, int patches, int warmup_steps, int num_steps)
+FluxPipeFusion::FluxPipeFusion(FluxTransformer2DModel& model, const parallel::ProcessGroups& groups,
+                               int64_t token_rows, int64_t token_cols, int patches,
+                               int warmup_steps, int num_steps)
     : model_(model),
       groups_(groups),
       rows_(token_rows),
@@ -222,7 +222,7 @@ at::Tensor FluxPipeFusion::attend(const Patch& patch, const at::Tensor& q, const
     buffer = at::zeros({2, b, rows_ * cols_, heads, hd}, k.options());
   }
   buffer.narrow(2, patch.begin, patch.tokens).copy_(image_kv);  // fresh rows of this patch
-  auto keys = at::cat({text_kv[0], buffer[0]}, 1);                // [B, L + N, H, hd]
+  auto keys = at::cat({text_kv[0], buffer[0]}, 1);              // [B, L + N, H, hd]
   auto values = at::cat({text_kv[1], buffer[1]}, 1);
   return local_attention(q, keys, values, call);
 }
@@ -321,10 +321,9 @@ void FluxPipeFusion::step(int index, const FluxInputs& in, int branches, const C
         st.hidden = r.buffer.narrow(1, local_text, pt.shard->chunk());
       }
     }
-    model_.set_attention_hook([this, &pt](const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v, const AttentionCall& call) {
-      return attend(pt, q, k, v, call);
-    });
+    model_.set_attention_hook(
+        [this, &pt](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const AttentionCall& call) { return attend(pt, q, k, v, call); });
     model_.run_double_blocks(st, d_begin, d_end);
     model_.run_single_blocks(st, s_begin, s_end);
     model_.set_attention_hook({});
@@ -335,7 +334,7 @@ void FluxPipeFusion::step(int index, const FluxInputs& in, int branches, const C
       sends_.push_back(std::move(s));
       continue;
     }
-    at::Tensor out = model_.finalize(st).contiguous();  // [B', c, C]
+    at::Tensor out = model_.finalize(st).contiguous();         // [B', c, C]
     if (sp > 1) out = pt.shard->gather(out, 1, groups_.sp());  // [B', n, C]
     auto rows = latents.narrow(1, pt.begin, pt.tokens);
     rows.copy_(step_fn(combine(out), rows));

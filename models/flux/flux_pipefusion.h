@@ -116,9 +116,9 @@ class FluxPipeFusion {
   int64_t rows_, cols_;
   int patches_, warmup_steps_, num_steps_;
   int stage_, stages_;
-  std::map<int64_t, at::Tensor> kv_;      // layer -> [2, B', N, H, hd]
-  std::deque<Pending> latents_in_;        // stage 0: latent patches of the previous step
-  std::vector<Pending> sends_;            // pending isends of this step
+  std::map<int64_t, at::Tensor> kv_;  // layer -> [2, B', N, H, hd]
+  std::deque<Pending> latents_in_;    // stage 0: latent patches of the previous step
+  std::vector<Pending> sends_;        // pending isends of this step
 };
 
 }  // namespace xfuser::models::flux

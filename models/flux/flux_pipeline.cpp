@@ -13,6 +13,7 @@
 #include "models/schedulers/flow_match_euler.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/vae/autoencoder_kl.h"
+#include "models/vae/patch_parallel.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/hub_cache.h"
 #include "parallel/process_groups.h"
@@ -89,12 +90,13 @@ void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& opt
 
   const auto& groups = process_groups();
   if (groups && groups->config().pp() > 1) {
+    XF_CHECK(groups->config().tp() == 1,
+             "--pipefusion_parallel_degree with --tensor_parallel_degree is not supported yet (",
+             groups->config().to_string(), "): use one of them");
     load_pipefusion_stage(dir, options);
   } else {
-    auto transformer = load_component((dir / "transformer").string(), dtype_);
-    transformer_ = std::dynamic_pointer_cast<FluxTransformer2DModel>(transformer);
-    XF_CHECK(transformer_ != nullptr, (dir / "transformer").string(), " holds a ",
-             transformer->class_name(), ", expected FluxTransformer2DModel");
+    // Under tensor parallelism each rank reads only its slices of the transformer's weights.
+    transformer_ = load_flux_transformer((dir / "transformer").string(), dtype_, groups.get());
   }
   text_encoder_ = load_component((dir / "text_encoder").string(), dtype_);
   text_encoder_2_ = load_component((dir / "text_encoder_2").string(), dtype_);
@@ -102,6 +104,9 @@ void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& opt
   vae_ = std::dynamic_pointer_cast<vae::AutoencoderKL>(vae);
   XF_CHECK(vae_ != nullptr, (dir / "vae").string(), " holds a ", vae->class_name(),
            ", expected AutoencoderKL");
+  XF_CHECK(!(options.parallel_vae && options.enable_tiling),
+           "--use_parallel_vae and --enable_tiling cannot be combined: the patch-parallel decode "
+           "splits the whole latent into bands (use one or the other)");
   vae_->enable_tiling(options.enable_tiling);
   vae_->enable_slicing(options.enable_slicing);
   vae_scale_factor_ = 1 << (vae_->config().block_out_channels.size() - 1);
@@ -112,8 +117,8 @@ void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& opt
 void FluxModel::load_pipefusion_stage(const fs::path& dir, const ModelLoadOptions& options) {
   const auto& groups = *process_groups();
   ComponentFolder folder = open_component_folder((dir / "transformer").string());
-  XF_CONTEXT("loading PipeFusion stage ", groups.coords().pp, " of ", folder.class_name,
-             " from ", folder.dir);
+  XF_CONTEXT("loading PipeFusion stage ", groups.coords().pp, " of ", folder.class_name, " from ",
+             folder.dir);
   XF_CHECK(folder.class_name == "FluxTransformer2DModel", folder.dir, " holds a ",
            folder.class_name, ", expected FluxTransformer2DModel");
   auto config = FluxConfig::from_json(folder.config, folder.config_path);
@@ -222,9 +227,9 @@ void FluxModel::prepare_latents(State& base) {
   const auto& groups = process_groups();
   if (groups && groups->config().pp() > 1) {
     const int patches = req.num_pipeline_patch > 0 ? req.num_pipeline_patch : groups->config().pp();
-    s.pipefusion = std::make_unique<FluxPipeFusion>(*transformer_, *groups, s.latent_h / 2,
-                                                    s.latent_w / 2, patches,
-                                                    req.pipefusion_warmup_steps, n);
+    s.pipefusion =
+        std::make_unique<FluxPipeFusion>(*transformer_, *groups, s.latent_h / 2, s.latent_w / 2,
+                                         patches, req.pipefusion_warmup_steps, n);
   }
 }
 
@@ -333,7 +338,13 @@ void FluxModel::decode(State& base) {
   at::Tensor latents = unpack_latents(s.latents, s.latent_h, s.latent_w);
   const auto& cfg = vae_->config();
   latents = latents / cfg.scaling_factor + cfg.shift_factor.value_or(0.0);
-  at::Tensor image = vae_->decode(latents.to(vae_->dtype()));  // [B, 3, H, W] in [-1, 1]
+  // [B, 3, H, W] in [-1, 1]; with --use_parallel_vae in bands over the ranks of this replica
+  // (every one of them holds the same final latents).
+  const auto& groups = process_groups();
+  at::Tensor image =
+      load_options().parallel_vae && groups
+          ? vae::patch_parallel_decode(*vae_, latents.to(vae_->dtype()), groups->replica())
+          : vae_->decode(latents.to(vae_->dtype()));
   // diffusers' VaeImageProcessor.postprocess: (x / 2 + 0.5).clamp(0, 1) -> uint8, round.
   at::Tensor x = (image.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
   s.images = (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
@@ -358,6 +369,8 @@ std::vector<ModelSpec> model_specs() {
   dev.parallelism.cfg_parallel = true;
   dev.parallelism.data_parallel = true;
   dev.parallelism.pipefusion = true;
+  dev.parallelism.tensor_parallel = true;
+  dev.parallelism.parallel_vae = true;
   dev.maturity = "stable";
   dev.description = "FLUX.1 [dev], 12B rectified-flow transformer, distilled guidance";
   dev.create = create;

@@ -41,25 +41,30 @@ std::string join(const std::vector<std::string>& items) {
 
 // diffusers Attention as FLUX configures it: to_q/k/v with RMSNorm QK norms; the joint variant
 // adds add_{q,k,v}_proj, norm_added_{q,k}, to_out.0 and to_add_out; the single variant
-// (pre_only) has no output projection.
+// (pre_only) has no output projection. Under tensor parallelism the q/k/v projections are
+// column-parallel by whole heads (this rank holds heads [r*H/n, (r+1)*H/n)) and the output
+// projections row-parallel.
 class FluxAttention : public Module {
  public:
-  FluxAttention(int64_t dim, int64_t heads, int64_t head_dim, bool joint)
-      : heads_(heads), head_dim_(head_dim) {
+  FluxAttention(int64_t dim, int64_t heads, int64_t head_dim, bool joint, const TensorParallel& tp)
+      : heads_(heads / tp.size), head_dim_(head_dim) {
     const int64_t inner = heads * head_dim;
+    auto column = [&](int64_t in, int64_t out) {
+      return std::make_shared<ColumnParallelLinear>(in, out, tp);
+    };
     norm_q_ = child("norm_q", std::make_shared<RMSNorm>(head_dim, kNormEps));
     norm_k_ = child("norm_k", std::make_shared<RMSNorm>(head_dim, kNormEps));
-    to_q_ = child("to_q", std::make_shared<Linear>(dim, inner));
-    to_k_ = child("to_k", std::make_shared<Linear>(dim, inner));
-    to_v_ = child("to_v", std::make_shared<Linear>(dim, inner));
+    to_q_ = child("to_q", column(dim, inner));
+    to_k_ = child("to_k", column(dim, inner));
+    to_v_ = child("to_v", column(dim, inner));
     if (joint) {
-      add_k_proj_ = child("add_k_proj", std::make_shared<Linear>(dim, inner));
-      add_v_proj_ = child("add_v_proj", std::make_shared<Linear>(dim, inner));
-      add_q_proj_ = child("add_q_proj", std::make_shared<Linear>(dim, inner));
+      add_k_proj_ = child("add_k_proj", column(dim, inner));
+      add_v_proj_ = child("add_v_proj", column(dim, inner));
+      add_q_proj_ = child("add_q_proj", column(dim, inner));
       norm_added_q_ = child("norm_added_q", std::make_shared<RMSNorm>(head_dim, kNormEps));
       norm_added_k_ = child("norm_added_k", std::make_shared<RMSNorm>(head_dim, kNormEps));
-      to_out_ = child("to_out.0", std::make_shared<Linear>(inner, dim));
-      to_add_out_ = child("to_add_out", std::make_shared<Linear>(inner, dim));
+      to_out_ = child("to_out.0", std::make_shared<RowParallelLinear>(inner, dim, tp));
+      to_add_out_ = child("to_add_out", std::make_shared<RowParallelLinear>(inner, dim, tp));
     }
   }
 
@@ -79,14 +84,19 @@ class FluxAttention : public Module {
             norm_added_k_->forward(split_heads(add_k_proj_->forward(c), heads_)),
             split_heads(add_v_proj_->forward(c), heads_)};
   }
-  at::Tensor out(const at::Tensor& x) const { return to_out_->forward(x); }
-  at::Tensor add_out(const at::Tensor& c) const { return to_add_out_->forward(c); }
-  int64_t heads() const { return heads_; }
+  at::Tensor out(const at::Tensor& x, const TensorParallelOps& ops) const {
+    return to_out_->forward(x, ops);
+  }
+  at::Tensor add_out(const at::Tensor& c, const TensorParallelOps& ops) const {
+    return to_add_out_->forward(c, ops);
+  }
+  int64_t heads() const { return heads_; }  // this rank's heads
+  int64_t inner() const { return heads_ * head_dim_; }
 
  private:
   int64_t heads_, head_dim_;
-  std::shared_ptr<Linear> to_q_, to_k_, to_v_, add_q_proj_, add_k_proj_, add_v_proj_, to_out_,
-      to_add_out_;
+  std::shared_ptr<ColumnParallelLinear> to_q_, to_k_, to_v_, add_q_proj_, add_k_proj_, add_v_proj_;
+  std::shared_ptr<RowParallelLinear> to_out_, to_add_out_;
   std::shared_ptr<RMSNorm> norm_q_, norm_k_, norm_added_q_, norm_added_k_;
 };
 
@@ -97,22 +107,23 @@ using AttendFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, 
 
 class FluxTransformerBlock : public Module {
  public:
-  FluxTransformerBlock(int64_t dim, int64_t heads, int64_t head_dim) {
-    norm1_ = child("norm1", std::make_shared<AdaLayerNormZero>(dim, kNormEps));
-    norm1_context_ = child("norm1_context", std::make_shared<AdaLayerNormZero>(dim, kNormEps));
-    attn_ = child("attn", std::make_shared<FluxAttention>(dim, heads, head_dim, true));
-    ff_ = child("ff",
-                std::make_shared<FeedForward>(dim, dim, 4.0, FeedForwardKind::kGeluApproximate));
-    ff_context_ = child("ff_context", std::make_shared<FeedForward>(
-                                          dim, dim, 4.0, FeedForwardKind::kGeluApproximate));
+  FluxTransformerBlock(int64_t dim, int64_t heads, int64_t head_dim, const TensorParallel& tp) {
+    norm1_ = child("norm1", std::make_shared<ParallelAdaLayerNormZero>(dim, tp, kNormEps));
+    norm1_context_ =
+        child("norm1_context", std::make_shared<ParallelAdaLayerNormZero>(dim, tp, kNormEps));
+    attn_ = child("attn", std::make_shared<FluxAttention>(dim, heads, head_dim, true, tp));
+    ff_ = child("ff", std::make_shared<ParallelFeedForward>(dim, dim, 4.0,
+                                                            FeedForwardKind::kGeluApproximate, tp));
+    ff_context_ = child("ff_context", std::make_shared<ParallelFeedForward>(
+                                          dim, dim, 4.0, FeedForwardKind::kGeluApproximate, tp));
   }
 
   // x [B, N, D], c [B, L, D], temb [B, D], rope [L + N, hd]; updates x and c.
   void forward(at::Tensor& x, at::Tensor& c, const at::Tensor& temb, const RotaryTables& rope,
-               const AttendFn& attend, int64_t layer) const {
-    const int64_t b = x.size(0), n = x.size(1), l = c.size(1), dim = x.size(2);
-    auto nx = norm1_->forward(x, temb);
-    auto nc = norm1_context_->forward(c, temb);
+               const AttendFn& attend, int64_t layer, const TensorParallelOps& ops) const {
+    const int64_t b = x.size(0), n = x.size(1), l = c.size(1), inner = attn_->inner();
+    auto nx = norm1_->forward(x, temb, ops);
+    auto nc = norm1_context_->forward(c, temb, ops);
 
     auto img = attn_->project(nx.x);          // [B, N, H, hd] each
     auto txt = attn_->project_context(nc.x);  // [B, L, H, hd] each
@@ -123,75 +134,90 @@ class FluxTransformerBlock : public Module {
     call.layer = layer;
     call.text_tokens = l;
     call.text_first = true;
-    auto o = attend(q, k, v, call).reshape({b, l + n, dim}).to(q.scalar_type());  // [B, L+N, D]
-    auto img_out = attn_->out(o.narrow(1, l, n));                                 // [B, N, D]
-    auto txt_out = attn_->add_out(o.narrow(1, 0, l));                             // [B, L, D]
+    // [B, L+N, H_r*hd]: this rank's heads
+    auto o = attend(q, k, v, call).reshape({b, l + n, inner}).to(q.scalar_type());
+    auto img_out = attn_->out(o.narrow(1, l, n), ops);      // [B, N, D]
+    auto txt_out = attn_->add_out(o.narrow(1, 0, l), ops);  // [B, L, D]
 
     x = gated_residual(x, nx.gate_msa, img_out);
     auto hx = kernels().norm_modulate(x, nx.shift_mlp, nx.scale_mlp, kNormEps);
-    x = gated_residual(x, nx.gate_mlp, ff_->forward(hx));
+    x = gated_residual(x, nx.gate_mlp, ff_->forward(hx, ops));
 
     c = gated_residual(c, nc.gate_msa, txt_out);
     auto hc = kernels().norm_modulate(c, nc.shift_mlp, nc.scale_mlp, kNormEps);
-    c = clip_fp16(gated_residual(c, nc.gate_mlp, ff_context_->forward(hc)));
+    c = clip_fp16(gated_residual(c, nc.gate_mlp, ff_context_->forward(hc, ops)));
   }
 
  private:
-  std::shared_ptr<AdaLayerNormZero> norm1_, norm1_context_;
+  std::shared_ptr<ParallelAdaLayerNormZero> norm1_, norm1_context_;
   std::shared_ptr<FluxAttention> attn_;
-  std::shared_ptr<FeedForward> ff_, ff_context_;
+  std::shared_ptr<ParallelFeedForward> ff_, ff_context_;
 };
 
 // ---- single-stream block ------------------------------------------------------------------------
 
 class FluxSingleTransformerBlock : public Module {
  public:
-  FluxSingleTransformerBlock(int64_t dim, int64_t heads, int64_t head_dim) {
+  FluxSingleTransformerBlock(int64_t dim, int64_t heads, int64_t head_dim,
+                             const TensorParallel& tp) {
     const int64_t mlp_dim = dim * 4;
-    norm_ = child("norm", std::make_shared<AdaLayerNormZeroSingle>(dim, kNormEps));
-    proj_mlp_ = child("proj_mlp", std::make_shared<Linear>(dim, mlp_dim));
-    proj_out_ = child("proj_out", std::make_shared<Linear>(dim + mlp_dim, dim));
-    attn_ = child("attn", std::make_shared<FluxAttention>(dim, heads, head_dim, false));
+    norm_ = child("norm", std::make_shared<ParallelAdaLayerNormZeroSingle>(dim, tp, kNormEps));
+    proj_mlp_ = child("proj_mlp", std::make_shared<ColumnParallelLinear>(dim, mlp_dim, tp));
+    // Input features [attention D | MLP 4D]: each block split on its own, so this rank's part
+    // [attention heads_r | MLP_r] is exactly cat({o, mlp}) below.
+    proj_out_ =
+        child("proj_out", std::make_shared<RowParallelLinear>(dim + mlp_dim, dim, tp, true,
+                                                              std::vector<int64_t>{dim, mlp_dim}));
+    attn_ = child("attn", std::make_shared<FluxAttention>(dim, heads, head_dim, false, tp));
   }
 
   // h [B, L + N, D] joint sequence, text first.
   at::Tensor forward(const at::Tensor& h, const at::Tensor& temb, const RotaryTables& rope,
-                     const AttendFn& attend, int64_t layer, int64_t text_tokens) const {
-    const int64_t b = h.size(0), s = h.size(1), dim = h.size(2);
-    auto nh = norm_->forward(h, temb);
-    auto mlp = activate(proj_mlp_->forward(nh.x), Activation::kGeluTanh);  // [B, S, 4D]
+                     const AttendFn& attend, int64_t layer, int64_t text_tokens,
+                     const TensorParallelOps& ops) const {
+    const int64_t b = h.size(0), s = h.size(1), inner = attn_->inner();
+    auto nh = norm_->forward(h, temb, ops);
+    auto mlp = activate(proj_mlp_->forward(nh.x), Activation::kGeluTanh);  // [B, S, 4D/n]
     auto p = attn_->project(nh.x);
     auto [q, k] = apply_rotary_emb_qk(p.q, p.k, rope);
     AttentionCall call;
     call.layer = layer;
     call.text_tokens = text_tokens;
     call.text_first = true;
-    auto o = attend(q, k, p.v, call).reshape({b, s, dim}).to(q.scalar_type());  // [B, S, D]
-    auto out = gated_residual(h, nh.gate, proj_out_->forward(at::cat({o, mlp}, 2)));
+    // [B, S, H_r*hd]: this rank's heads
+    auto o = attend(q, k, p.v, call).reshape({b, s, inner}).to(q.scalar_type());
+    auto out = gated_residual(h, nh.gate, proj_out_->forward(at::cat({o, mlp}, 2), ops));
     return clip_fp16(out);
   }
 
  private:
-  std::shared_ptr<AdaLayerNormZeroSingle> norm_;
-  std::shared_ptr<Linear> proj_mlp_, proj_out_;
+  std::shared_ptr<ParallelAdaLayerNormZeroSingle> norm_;
+  std::shared_ptr<ColumnParallelLinear> proj_mlp_;
+  std::shared_ptr<RowParallelLinear> proj_out_;
   std::shared_ptr<FluxAttention> attn_;
 };
 
 // ---- the model ----------------------------------------------------------------------------------
 
-FluxTransformer2DModel::FluxTransformer2DModel(FluxConfig config, FluxModelPart part)
-    : config_(std::move(config)), part_(part) {
+FluxTransformer2DModel::FluxTransformer2DModel(FluxConfig config, FluxModelPart part,
+                                               TensorParallel tp)
+    : config_(std::move(config)), part_(part), tp_(tp) {
   config_.validate("FluxTransformer2DModel config");
   const int64_t total = config_.num_layers + config_.num_single_layers;
   if (part_.block_end < 0) part_.block_end = total;
-  XF_CHECK(0 <= part_.block_begin && part_.block_begin <= part_.block_end &&
-               part_.block_end <= total,
-           "FluxTransformer2DModel: block range [", part_.block_begin, ", ", part_.block_end,
-           ") is outside the ", total, " blocks (", config_.num_layers, " double + ",
-           config_.num_single_layers, " single)");
+  XF_CHECK(
+      0 <= part_.block_begin && part_.block_begin <= part_.block_end && part_.block_end <= total,
+      "FluxTransformer2DModel: block range [", part_.block_begin, ", ", part_.block_end,
+      ") is outside the ", total, " blocks (", config_.num_layers, " double + ",
+      config_.num_single_layers, " single)");
   auto held = [&](int64_t block) { return part_.block_begin <= block && block < part_.block_end; };
   const int64_t dim = config_.inner_dim();
   const int64_t heads = config_.num_attention_heads, hd = config_.attention_head_dim;
+  XF_CHECK(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "tensor-parallel rank ", tp.rank,
+           " of ", tp.size, " is out of range");
+  XF_CHECK(heads % tp.size == 0, "FluxTransformer2DModel: num_attention_heads ", heads,
+           " is not divisible by the tensor parallel degree ", tp.size,
+           " (--tensor_parallel_degree): every rank must hold whole attention heads");
   // Declaration order follows diffusers' __init__.
   timestep_embedder_ = child("time_text_embed.timestep_embedder",
                              std::make_shared<TimestepEmbedding>(kTimestepChannels, dim));
@@ -212,13 +238,13 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxConfig config, FluxModelPart 
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     if (!held(i)) continue;
     blocks_[i] = child("transformer_blocks." + std::to_string(i),
-                       std::make_shared<FluxTransformerBlock>(dim, heads, hd));
+                       std::make_shared<FluxTransformerBlock>(dim, heads, hd, tp));
   }
   single_blocks_.resize(config_.num_single_layers);
   for (int64_t i = 0; i < config_.num_single_layers; ++i) {
     if (!held(config_.num_layers + i)) continue;
     single_blocks_[i] = child("single_transformer_blocks." + std::to_string(i),
-                              std::make_shared<FluxSingleTransformerBlock>(dim, heads, hd));
+                              std::make_shared<FluxSingleTransformerBlock>(dim, heads, hd, tp));
   }
   if (part_.head) {
     norm_out_ =
@@ -349,7 +375,7 @@ FluxState FluxTransformer2DModel::embed(const FluxInputs& in) const {
     temb = temb + guidance_embedder_->forward(
                       timestep_embedding(g, kTimestepChannels, true, 0.0).to(dtype));
   }
-  st.temb = temb + text_embedder_->forward(in.pooled_projections.to(dtype));    // [B, D]
+  st.temb = temb + text_embedder_->forward(in.pooled_projections.to(dtype));  // [B, D]
   if (context_embedder_) {
     st.context = context_embedder_->forward(in.encoder_hidden_states.to(dtype));  // [B, L, D]
   }
@@ -374,7 +400,7 @@ void FluxTransformer2DModel::run_double_blocks(FluxState& st, int64_t begin, int
     XF_CONTEXT("transformer_blocks.", i);
     XF_CHECK(blocks_[i], "transformer_blocks.", i, " is not held by this model part (blocks [",
              part_.block_begin, ", ", part_.block_end, "))");
-    blocks_[i]->forward(st.hidden, st.context, st.temb, st.rope, attend, i);
+    blocks_[i]->forward(st.hidden, st.context, st.temb, st.rope, attend, i, tp_ops_);
   }
 }
 
@@ -393,10 +419,10 @@ void FluxTransformer2DModel::run_single_blocks(FluxState& st, int64_t begin, int
   for (int64_t i = begin; i < end; ++i) {
     XF_CONTEXT("single_transformer_blocks.", i);
     XF_CHECK(single_blocks_[i], "single_transformer_blocks.", i,
-             " is not held by this model part (blocks [", part_.block_begin, ", ",
-             part_.block_end, "))");
+             " is not held by this model part (blocks [", part_.block_begin, ", ", part_.block_end,
+             "))");
     st.hidden = single_blocks_[i]->forward(st.hidden, st.temb, st.rope, attend,
-                                           config_.num_layers + i, st.text_tokens);
+                                           config_.num_layers + i, st.text_tokens, tp_ops_);
   }
 }
 

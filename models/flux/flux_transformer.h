@@ -16,6 +16,7 @@
 
 #include "models/common/component.h"
 #include "models/common/layers.h"
+#include "models/common/tensor_parallel.h"
 #include "models/flux/flux_config.h"
 
 namespace xfuser::models::flux {
@@ -59,7 +60,13 @@ struct FluxModelPart {
 
 class FluxTransformer2DModel : public Component {
  public:
-  explicit FluxTransformer2DModel(FluxConfig config, FluxModelPart part = {});
+  // `part`: the blocks this instance holds (a PipeFusion stage; default the whole model).
+  // With `tp` of size n > 1 this rank holds heads [r*H/n, (r+1)*H/n) and its slices of every
+  // block's linear layers (models/common/tensor_parallel.h); num_attention_heads must divide
+  // by n. The forward then needs set_tensor_parallel_ops (the all-reduce / all-gather of the
+  // tensor-parallel group); the attention hook sees this rank's H/n heads.
+  explicit FluxTransformer2DModel(FluxConfig config, FluxModelPart part = {},
+                                  TensorParallel tp = {});
   ~FluxTransformer2DModel() override;
 
   std::string class_name() const override { return "FluxTransformer2DModel"; }
@@ -75,6 +82,9 @@ class FluxTransformer2DModel : public Component {
   // Routes every attention call; an empty hook restores the local backends op.
   // Layer indices: double block i -> i, single block j -> num_layers + j.
   void set_attention_hook(AttentionHook hook) { attention_hook_ = std::move(hook); }
+  // The collectives of the tensor-parallel group (unused at degree 1).
+  void set_tensor_parallel_ops(TensorParallelOps ops) { tp_ops_ = std::move(ops); }
+  const TensorParallel& tensor_parallel() const { return tp_; }
 
   // Input names call("forward") accepts, in diffusers' order.
   static const std::vector<std::string>& input_names();
@@ -98,6 +108,8 @@ class FluxTransformer2DModel : public Component {
 
   FluxConfig config_;
   FluxModelPart part_;
+  TensorParallel tp_;
+  TensorParallelOps tp_ops_;
   AttentionHook attention_hook_;
   std::shared_ptr<Linear> x_embedder_, context_embedder_, proj_out_;
   std::shared_ptr<TimestepEmbedding> timestep_embedder_, guidance_embedder_;

@@ -363,7 +363,19 @@ at::Tensor SafetensorsFile::get_slice(const std::string& name, int64_t dim, int6
   XF_CHECK(start >= 0 && length >= 0 && start <= e.shape[d] - length, path_, ": slice [", start,
            ", ", start + length, ") of dim ", d, " is out of range for tensor '", name,
            "' of shape ", shape_string(e.shape));
-  if (d != 0) return get(name).narrow(d, start, length);
+  if (d != 0) {
+    // A copy of the strided slice; then the tensor's whole pages of the mapping are released
+    // (clean private pages: re-read from the file if touched again), so a rank that keeps only a
+    // column slice (tensor parallelism) does not keep the whole tensor resident.
+    at::Tensor out = get(name).narrow(d, start, length).clone(at::MemoryFormat::Contiguous);
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t first = (data_start_ + e.begin + page - 1) / page * page;
+    const uint64_t last = (data_start_ + e.end) / page * page;
+    if (last > first) {
+      ::madvise(const_cast<uint8_t*>(mapping_->bytes()) + first, last - first, MADV_DONTNEED);
+    }
+    return out;
+  }
   const int64_t row_bytes = numel_of(e.shape, 1) * kDtypes[e.dtype_index].size;
   std::vector<int64_t> shape = e.shape;
   shape[0] = length;

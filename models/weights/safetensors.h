@@ -44,7 +44,9 @@ class SafetensorsFile : public TensorSource {
   // A zero-copy view of the mapping; a copy when the data is not aligned to the element size,
   // for empty tensors, and for fp8 decoded to float32.
   at::Tensor get(const std::string& name) const override;
-  // dim 0: a zero-copy view of rows [start, start + length); other dims: a strided view.
+  // dim 0: a zero-copy view of rows [start, start + length); other dims: a contiguous copy, after
+  // which the tensor's pages of the mapping are released (they are re-read from the file if
+  // touched again, so in-place writes made earlier through views of that tensor are dropped).
   at::Tensor get_slice(const std::string& name, int64_t dim, int64_t start,
                        int64_t length) const override;
   std::string describe() const override { return path_; }

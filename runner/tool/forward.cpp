@@ -3,6 +3,9 @@
 //
 //   xfuser forward --model-dir DIR --inputs IN.safetensors --output OUT.safetensors
 //                  [--dtype fp32|bf16|fp16] [--method forward|decode|...]
+//                  [--ulysses_degree U] [--ring_degree R] [--tensor_parallel_degree T]
+// Under mpirun a FluxTransformer2DModel runs split over ulysses x ring x tp ranks (with tp > 1
+// each rank reads only its slices of the weights); the last rank writes the output.
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -38,6 +41,7 @@ struct ForwardOptions {
   std::string method = "forward";
   int ulysses_degree = 1;
   int ring_degree = 1;
+  int tensor_parallel_degree = 1;
   double comm_timeout = 600.0;
 };
 
@@ -68,8 +72,32 @@ void run_forward(const ForwardOptions& opts) {
   c10::InferenceMode inference;
   const auto dtype = parse_dtype(opts.dtype);
 
+  // Under mpirun (or with degrees > 1) the ranks split the work as xfuser-run does; every rank
+  // computes the same output and the last one writes it. The groups come first: a
+  // tensor-parallel model is built for its rank and reads only its slices.
+  std::unique_ptr<parallel::MpiEnvironment> mpi;
+  std::shared_ptr<parallel::ProcessGroups> groups;
+  const bool under_mpirun =
+      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+  const int degrees = opts.ulysses_degree * opts.ring_degree * opts.tensor_parallel_degree;
+  if (under_mpirun || degrees > 1) {
+    mpi = std::make_unique<parallel::MpiEnvironment>(nullptr, nullptr);
+    const auto config = parallel::WorldConfig::from_degrees(
+        mpi->size(), 1, 1, 1, opts.ulysses_degree, opts.ring_degree, opts.tensor_parallel_degree);
+    if (mpi->size() > 1) {
+      auto world = std::make_shared<parallel::MpiCommunicator>(
+          "world", std::chrono::milliseconds(static_cast<int64_t>(opts.comm_timeout * 1000)));
+      groups = std::make_shared<parallel::ProcessGroups>(config, world);
+    }
+  }
+
   models::register_builtin_components();
-  auto component = models::load_component(opts.model_dir, dtype);
+  std::shared_ptr<models::Component> component;
+  if (groups && groups->config().tp() > 1) {
+    component = models::flux::load_flux_transformer(opts.model_dir, dtype, groups.get());
+  } else {
+    component = models::load_component(opts.model_dir, dtype);
+  }
   const auto methods = component->methods();
   bool known = false;
   std::string listing;
@@ -89,29 +117,14 @@ void run_forward(const ForwardOptions& opts) {
   spdlog::info("forward: {} ({}, {}) method {} on {} input(s) from {}", component->class_name(),
                opts.model_dir, opts.dtype, opts.method, inputs.size(), opts.inputs);
 
-  // Under mpirun (or with degrees > 1) the ranks split the sequence as xfuser-run does; every
-  // rank computes the same output and the last one writes it.
-  std::unique_ptr<parallel::MpiEnvironment> mpi;
-  std::shared_ptr<parallel::ProcessGroups> groups;
-  const bool under_mpirun =
-      std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
-  if (under_mpirun || opts.ulysses_degree * opts.ring_degree > 1) {
-    mpi = std::make_unique<parallel::MpiEnvironment>(nullptr, nullptr);
-    const auto config = parallel::WorldConfig::from_degrees(
-        mpi->size(), 1, 1, 1, opts.ulysses_degree, opts.ring_degree, 1);
-    if (mpi->size() > 1) {
-      auto world = std::make_shared<parallel::MpiCommunicator>(
-          "world", std::chrono::milliseconds(static_cast<int64_t>(opts.comm_timeout * 1000)));
-      groups = std::make_shared<parallel::ProcessGroups>(config, world);
-    }
-  }
   models::TensorMap outputs;
   if (groups) {
     auto* flux = dynamic_cast<models::flux::FluxTransformer2DModel*>(component.get());
-    XF_CHECK(flux != nullptr && opts.method == "forward",
-             "--ulysses_degree / --ring_degree: parallel forward supports "
-             "FluxTransformer2DModel.forward, not ",
-             component->class_name(), ".", opts.method);
+    XF_CHECK(
+        flux != nullptr && opts.method == "forward",
+        "--ulysses_degree / --ring_degree / --tensor_parallel_degree: parallel forward supports "
+        "FluxTransformer2DModel.forward, not ",
+        component->class_name(), ".", opts.method);
     outputs["sample"] =
         models::flux::sequence_parallel_forward(*flux, flux->parse_inputs(inputs), *groups);
   } else {
@@ -155,6 +168,9 @@ void register_forward(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--ring_degree", opts->ring_degree,
                   "Ring degree under mpirun (FluxTransformer2DModel)")
+      ->capture_default_str();
+  cmd->add_option("--tensor_parallel_degree", opts->tensor_parallel_degree,
+                  "Tensor parallel degree under mpirun (FluxTransformer2DModel)")
       ->capture_default_str();
   cmd->add_option("--comm_timeout", opts->comm_timeout, "Seconds any collective may wait")
       ->capture_default_str();

@@ -1,0 +1,214 @@
+// bench_memory: what one rank holds of the FLUX transformer under a model-splitting strategy,
+// against one rank holding it all. Every rank reports the bytes of the transformer weights it
+// holds and its peak resident memory (ru_maxrss) after loading and after one forward.
+//
+//   bench_memory --write-weights DIR [--config small|medium] [--dtype bf16|fp32]
+//       writes DIR/transformer/{config.json, diffusion_pytorch_model.safetensors} (seeded random
+//       weights of bench_flux's config) and exits; run it once, in its own process, so no rank
+//       of the measured runs ever held the whole model for writing.
+//   [mpirun -np N] bench_memory --weights DIR [--strategy none|tp] [--dtype bf16|fp32]
+//                               [--forward 0|1] [--threads T] [--out FILE]
+//       none: one rank loads everything (the baseline; N must be 1);
+//       tp:   tensor parallel over the N ranks: each reads only its slices from the mmapped file.
+//       (pp: PipeFusion stages, added with PipeFusion.)
+// Rank 0 writes the JSON (stdout without --out). bench/run_memory runs the whole comparison.
+#include <fstream>
+#include <iostream>
+
+#include <sys/resource.h>
+
+#include "bench/bench_common.h"
+#include "models/flux/flux_parallel.h"
+#include "models/flux/flux_transformer.h"
+#include "models/weights/safetensors.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/mpi_env.h"
+#include "parallel/process_groups.h"
+#include "parallel/world_config.h"
+
+namespace xb = xfuser::bench;
+namespace fs = std::filesystem;
+using xfuser::models::flux::FluxConfig;
+using xfuser::models::flux::FluxInputs;
+using xfuser::models::flux::FluxTransformer2DModel;
+
+namespace {
+
+struct Size {
+  std::string name;
+  int64_t heads, double_blocks, single_blocks, grid, text_tokens;
+};
+
+// bench_flux's small and medium configs (head dim 128).
+Size find_size(const std::string& name) {
+  for (const Size& s : {Size{"small", 4, 4, 8, 32, 128}, Size{"medium", 8, 8, 16, 32, 256}}) {
+    if (s.name == name) return s;
+  }
+  XF_THROW("--config: unknown config '", name, "' (small, medium)");
+}
+
+nlohmann::json config_json(const Size& s) {
+  return {{"_class_name", "FluxTransformer2DModel"},
+          {"patch_size", 1},
+          {"in_channels", 64},
+          {"num_layers", s.double_blocks},
+          {"num_single_layers", s.single_blocks},
+          {"attention_head_dim", 128},
+          {"num_attention_heads", s.heads},
+          {"joint_attention_dim", 512},
+          {"pooled_projection_dim", 128},
+          {"guidance_embeds", true},
+          {"axes_dims_rope", {16, 56, 56}},
+          {"bench_config", s.name},
+          {"bench_grid", s.grid},
+          {"bench_text_tokens", s.text_tokens}};
+}
+
+void write_weights(const fs::path& dir, const Size& s, c10::ScalarType dtype) {
+  const fs::path t = dir / "transformer";
+  fs::create_directories(t);
+  const nlohmann::json config = config_json(s);
+  FluxTransformer2DModel model(FluxConfig::from_json(config, "bench"));
+  model.init_random(7, 0.02, dtype);
+  std::map<std::string, at::Tensor> state;
+  for (const auto& [name, slot] : model.named_parameters()) state[name] = slot->tensor;
+  xfuser::models::save_safetensors((t / "diffusion_pytorch_model.safetensors").string(), state);
+  std::ofstream(t / "config.json") << config.dump(2) << "\n";
+  std::cerr << "bench_memory: wrote " << model.num_parameters() << " parameters ("
+            << xb::dtype_name(dtype) << ") to " << t.string() << "\n";
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+// "RssAnon" / "RssFile" of /proc/self/status in bytes (0 when absent).
+int64_t status_bytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+FluxInputs make_inputs(const FluxConfig& c, int64_t grid, int64_t text, c10::ScalarType dtype) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
+  const int64_t n = grid * grid;
+  FluxInputs in;
+  in.hidden_states = at::empty({1, n, c.in_channels}).normal_(0.0, 1.0, gen).to(dtype);
+  in.encoder_hidden_states =
+      at::empty({1, text, c.joint_attention_dim}).normal_(0.0, 1.0, gen).to(dtype);
+  in.pooled_projections = at::empty({1, c.pooled_projection_dim}).normal_(0.0, 1.0, gen).to(dtype);
+  in.timestep = at::full({1}, 0.5);
+  in.guidance = at::full({1}, 3.5);
+  auto rows = at::arange(grid, at::kFloat).repeat_interleave(grid);
+  auto cols = at::arange(grid, at::kFloat).repeat({grid});
+  in.img_ids = at::stack({at::zeros({n}), rows, cols}, 1);
+  in.txt_ids = at::zeros({text, 3});
+  return in;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    xb::Args args(argc, argv, {});
+    args.check_known(
+        {"write-weights", "weights", "config", "dtype", "strategy", "forward", "threads", "out"});
+    const auto dtype = xb::parse_dtype(args.get("dtype", "bf16"));
+    if (args.has("write-weights")) {
+      write_weights(args.get("write-weights", ""), find_size(args.get("config", "medium")), dtype);
+      return 0;
+    }
+    XF_CHECK(args.has("weights"), "give --write-weights DIR or --weights DIR");
+    const std::string strategy = args.get("strategy", "none");
+    const bool run_forward = args.get_int("forward", 1) != 0;
+    const int threads = static_cast<int>(args.get_int("threads", 1));
+    xb::set_threads(threads);
+    c10::InferenceMode guard;
+
+    xfuser::parallel::MpiEnvironment mpi(&argc, &argv);
+    auto world = std::make_shared<xfuser::parallel::MpiCommunicator>("world");
+    std::shared_ptr<xfuser::parallel::ProcessGroups> groups;
+    if (strategy == "none") {
+      XF_CHECK(mpi.size() == 1, "--strategy none is the one-rank baseline (got ", mpi.size(),
+               " ranks)");
+    } else if (strategy == "tp") {
+      XF_CHECK(mpi.size() > 1, "--strategy tp needs mpirun -np N with N > 1");
+      groups = std::make_shared<xfuser::parallel::ProcessGroups>(
+          xfuser::parallel::WorldConfig::from_degrees(mpi.size(), 1, 1, 1, 1, 1, mpi.size()),
+          world);
+    } else {
+      // PipeFusion ("pp") plugs in here: build its groups and load only this stage's blocks.
+      XF_THROW("--strategy: unknown strategy '", strategy, "' (none, tp)");
+    }
+
+    const fs::path dir = fs::path(args.get("weights", "")) / "transformer";
+    nlohmann::json config;
+    {
+      std::ifstream in(dir / "config.json");
+      XF_CHECK(in.good(), "cannot read ", (dir / "config.json").string(),
+               " (write it with --write-weights)");
+      config = nlohmann::json::parse(in);
+    }
+    const double t0 = xb::now_seconds();
+    auto model = xfuser::models::flux::load_flux_transformer(dir.string(), dtype, groups.get());
+    const double load_seconds = xb::now_seconds() - t0;
+    int64_t weight_bytes = 0;
+    for (const auto& [name, slot] : model->named_parameters())
+      weight_bytes += slot->tensor.nbytes();
+    const int64_t rss_after_load = peak_rss_bytes();
+
+    double forward_seconds = 0;
+    if (run_forward) {
+      const FluxInputs inputs = make_inputs(model->config(), config.at("bench_grid").get<int64_t>(),
+                                            config.at("bench_text_tokens").get<int64_t>(), dtype);
+      const double t1 = xb::now_seconds();
+      at::Tensor out =
+          groups ? xfuser::models::flux::sequence_parallel_forward(*model, inputs, *groups)
+                 : model->forward(inputs);
+      forward_seconds = xb::now_seconds() - t1;
+      XF_CHECK(at::isfinite(out.to(at::kFloat)).all().item<bool>(), "non-finite forward output");
+    }
+    // [weight bytes, peak RSS after load, peak RSS, RssAnon, RssFile, load s, forward s]
+    at::Tensor mine =
+        at::tensor(
+            {static_cast<double>(weight_bytes), static_cast<double>(rss_after_load),
+             static_cast<double>(peak_rss_bytes()), static_cast<double>(status_bytes("RssAnon")),
+             static_cast<double>(status_bytes("RssFile")), load_seconds, forward_seconds},
+            at::kDouble)
+            .unsqueeze(0);
+    at::Tensor all = world->size() > 1 ? world->all_gather(mine, 0) : mine;  // [P, 7]
+    if (mpi.rank() == 0) {
+      nlohmann::json ranks = nlohmann::json::array();
+      for (int r = 0; r < all.size(0); ++r) {
+        auto v = [&](int k) { return all[r][k].item<double>(); };
+        ranks.push_back({{"rank", r},
+                         {"transformer_weight_bytes", static_cast<int64_t>(v(0))},
+                         {"peak_rss_bytes_after_load", static_cast<int64_t>(v(1))},
+                         {"peak_rss_bytes", static_cast<int64_t>(v(2))},
+                         {"rss_anon_bytes_at_end", static_cast<int64_t>(v(3))},
+                         {"rss_file_bytes_at_end", static_cast<int64_t>(v(4))},
+                         {"load_seconds", v(5)},
+                         {"forward_seconds", v(6)}});
+      }
+      nlohmann::json out = {{"benchmark", "parallel_memory"},
+                            {"strategy", strategy},
+                            {"ranks_count", mpi.size()},
+                            {"dtype", xb::dtype_name(dtype)},
+                            {"config", config.value("bench_config", std::string("?"))},
+                            {"parameters_per_rank", model->num_parameters()},
+                            {"forward", run_forward},
+                            {"environment", xb::environment_json(threads, true)},
+                            {"ranks", ranks}};
+      xb::emit_json(args, out);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_memory: " << e.what() << "\n";
+    return 1;
+  }
+}
