@@ -37,6 +37,7 @@ using xfuser::models::ParallelFeedForward;
 using xfuser::models::TensorParallel;
 using xfuser::models::flux::FluxConfig;
 using xfuser::models::flux::FluxInputs;
+using xfuser::models::flux::FluxModelPart;
 using xfuser::models::flux::FluxTransformer2DModel;
 using xfuser::parallel::MpiCommunicator;
 using xfuser::parallel::ProcessGroups;
@@ -170,7 +171,7 @@ TEST_F(TensorParallelTest, ShardedInitRandomHoldsTheSlicesOfTheFullModel) {
   FluxTransformer2DModel serial(cfg);
   serial.init_random(9, 0.2);
   auto groups = tp2_groups();
-  FluxTransformer2DModel model(cfg, TensorParallel{groups->coords().tp, 2});
+  FluxTransformer2DModel model(cfg, FluxModelPart{}, TensorParallel{groups->coords().tp, 2});
   model.init_random(9, 0.2);
   auto full = serial.named_parameters();
   auto part = model.named_parameters();
@@ -226,7 +227,7 @@ TEST_F(TensorParallelTest, HeadsThatDoNotDivideTheDegreeAreAClearError) {
   FluxConfig cfg = small_config();
   cfg.num_attention_heads = 3;
   try {
-    FluxTransformer2DModel model(cfg, TensorParallel{0, 2});
+    FluxTransformer2DModel model(cfg, FluxModelPart{}, TensorParallel{0, 2});
     FAIL() << "3 heads over 2 ranks were accepted";
   } catch (const xfuser::Error& e) {
     const std::string msg = e.what();
@@ -234,7 +235,8 @@ TEST_F(TensorParallelTest, HeadsThatDoNotDivideTheDegreeAreAClearError) {
     EXPECT_NE(msg.find("tensor parallel degree 2"), std::string::npos) << msg;
   }
   // A model built for tp but run without its collectives names the missing hook.
-  FluxTransformer2DModel model(small_config(), TensorParallel{world_rank() % 2, 2});
+  FluxTransformer2DModel model(small_config(), FluxModelPart{},
+                               TensorParallel{world_rank() % 2, 2});
   model.init_random(1);
   try {
     model.forward(inputs(small_config(), 4, 2));
