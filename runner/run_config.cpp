@@ -23,9 +23,6 @@ const std::set<std::string>& not_yet_supported() {
                                               "--use_parallel_vae",
                                               "--num_pipeline_patch",
                                               "--profile",
-                                              "--dataset_path",
-                                              "--batch_size",
-                                              "--resume",
                                               "--use_torch_compile"};
   return flags;
 }
@@ -119,7 +116,9 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_option("--warmup_calls", c.warmup_calls, "Untimed warm-up generations")
       ->group(kBench)
       ->capture_default_str();
-  app.add_option("--batch_size", c.batch_size, "Batch size for dataset inference")->group(kBench);
+  app.add_option("--batch_size", c.batch_size,
+                 "Prompts denoised together (a batched run; required with --dataset_path)")
+      ->group(kBench);
   app.add_option("--dataset_path", c.dataset_path, "Prompt dataset (.txt, .csv or .jsonl)")
       ->group(kBench);
   app.add_option("--output_directory", c.output_directory, "Output save directory")
