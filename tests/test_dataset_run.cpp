@@ -119,8 +119,10 @@ TEST(DatasetRun, BatchedOverDataParallelEqualsSingleRunsAndResumes) {
   std::string log;
   for (size_t i = 0; i < kRows.size(); ++i) {
     const fs::path dir = work / ("single" + std::to_string(i));
-    std::string cmd = bin("xfuser-run") + kCommon + " --prompt '" + kRows[i].prompt + "' --seed " +
-                      std::to_string(kRows[i].seed) + " --output_directory " + dir.string();
+    // One thread, as the ranks below (-x OMP_NUM_THREADS=1): GEMM rounding depends on it.
+    std::string cmd = "OMP_NUM_THREADS=1 " + bin("xfuser-run") + kCommon + " --prompt '" +
+                      kRows[i].prompt + "' --seed " + std::to_string(kRows[i].seed) +
+                      " --output_directory " + dir.string();
     if (!kRows[i].negative.empty()) cmd += " --negative_prompt " + kRows[i].negative;
     ASSERT_EQ(run_command(cmd, &log), 0) << log;
   }
@@ -199,9 +201,9 @@ TEST(DatasetRun, BatchedOverDataParallelEqualsSingleRunsAndResumes) {
     xfuser::runner::read_png(out / name(i), &text);
     EXPECT_EQ(text["prompt"], kRows[i].prompt);
     EXPECT_EQ(text["seed"], std::to_string(kRows[i].seed));
-    // A batch of 2 runs the transformer's GEMMs at twice the rows: the float rounding may
-    // differ from a batch of 1 and move a rare pixel by 1 (the serial-vs-parallel bar of
-    // test_xfuser_run). Seeds, negative prompts and indices must match exactly.
+    // A batch of 2 runs the GEMMs at twice the rows: the float rounding may differ from a batch
+    // of 1 and move a rare pixel by 1 (the serial-vs-parallel bar of test_xfuser_run). Seeds,
+    // negative prompts and indices must match exactly.
     const auto [diff, count] =
         pixel_diff(out / name(i), work / ("single" + std::to_string(i)) / name(0));
     std::printf("prompt %lld: max pixel difference to its one-prompt run %d (%lld values)\n",
