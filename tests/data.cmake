@@ -2,4 +2,4 @@
 xfuser_add_test(test_dataset.cpp)
 xfuser_add_test(test_dataset_run.cpp LABELS mpi TIMEOUT 900)
 xfuser_add_test(test_models_doc.cpp)
-xfuser_add_test(test_install.cpp LABELS slow TIMEOUT 900)
+xfuser_add_test(test_install.cpp TIMEOUT 600)
