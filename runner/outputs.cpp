@@ -157,6 +157,20 @@ at::Tensor read_png(const fs::path& path, std::map<std::string, std::string>* te
   return result;
 }
 
+bool is_complete_png(const fs::path& path, int height, int width,
+                     std::map<std::string, std::string>* text) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
+  try {
+    const at::Tensor image = read_png(path, text);
+    if (height > 0 && image.size(0) != height) return false;
+    if (width > 0 && image.size(1) != width) return false;
+  } catch (const xfuser::Error&) {
+    return false;
+  }
+  return true;
+}
+
 at::Tensor to_uint8_images(const at::Tensor& images) {
   XF_CHECK(images.dim() == 4 && images.size(1) == 3, "expected decoded images [B, 3, H, W], got ",
            images.sizes());

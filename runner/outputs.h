@@ -30,6 +30,12 @@ void write_png(const std::filesystem::path& path, const at::Tensor& image,
 at::Tensor read_png(const std::filesystem::path& path,
                     std::map<std::string, std::string>* text = nullptr);
 
+// True when `path` holds a complete PNG: it decodes to its end (every chunk's CRC checked, IEND
+// reached) and, when `height`/`width` are > 0, has that size. Text chunks go to *text. Never
+// throws for a missing, partial or corrupt file (those are simply incomplete).
+bool is_complete_png(const std::filesystem::path& path, int height = 0, int width = 0,
+                     std::map<std::string, std::string>* text = nullptr);
+
 // Converts a decoded image batch in [-1, 1], float [B, 3, H, W], to uint8 [B, H, W, 3] the way
 // diffusers' image processor does: (x / 2 + 0.5).clamp(0, 1), * 255, round half to even.
 at::Tensor to_uint8_images(const at::Tensor& images);

@@ -19,11 +19,7 @@ const std::set<std::string>& not_yet_supported() {
                                               "--attention_backend",
                                               "--input_images",
                                               "--num_frames",
-                                              "--task",
-                                              "--profile",
-                                              "--dataset_path",
-                                              "--batch_size",
-                                              "--resume"};
+                                              "--task"};
   return flags;
 }
 
@@ -123,7 +119,9 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_option("--warmup_calls", c.warmup_calls, "Untimed warm-up generations")
       ->group(kBench)
       ->capture_default_str();
-  app.add_option("--batch_size", c.batch_size, "Batch size for dataset inference")->group(kBench);
+  app.add_option("--batch_size", c.batch_size,
+                 "Prompts denoised together (a batched run; required with --dataset_path)")
+      ->group(kBench);
   app.add_option("--dataset_path", c.dataset_path, "Prompt dataset (.txt, .csv or .jsonl)")
       ->group(kBench);
   app.add_option("--output_directory", c.output_directory, "Output save directory")

@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -23,7 +26,9 @@
 #include "models/weights/hub_cache.h"
 #include "parallel/process_groups.h"
 #include "runner/fault_handler.h"
+#include "runner/dataset.h"
 #include "runner/outputs.h"
+#include "runner/progress.h"
 
 namespace xfuser::runner {
 namespace fs = std::filesystem;
@@ -63,6 +68,22 @@ std::string format_double(double v) {
   std::ostringstream os;
   os << std::setprecision(10) << v;
   return os.str();
+}
+
+// Temporary files a killed run left beside its outputs (".{name}.tmp{N}", see
+// write_file_atomic), for the outputs of prompts [0, count).
+void remove_stale_temp_files(const ResolvedArgs& args, int64_t count) {
+  std::set<std::string> names;
+  for (int64_t i = 0; i < count; ++i) names.insert(output_path(args, i).filename().string());
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(args.config.output_directory, ec)) {
+    const std::string f = entry.path().filename().string();
+    const size_t tmp = f.rfind(".tmp");
+    if (f.size() < 2 || f[0] != '.' || tmp == std::string::npos) continue;
+    if (!names.count(f.substr(1, tmp - 1))) continue;
+    spdlog::info("--resume: removing {} (left by an interrupted run)", entry.path().string());
+    fs::remove(entry.path(), ec);
+  }
 }
 
 }  // namespace
@@ -108,12 +129,19 @@ ResolvedArgs Runner::preprocess_args() const {
   require_par(c.use_cfg_parallel, par.cfg_parallel, "--use_cfg_parallel");
   require_par(c.use_parallel_vae, par.parallel_vae, "--use_parallel_vae");
 
-  XF_CHECK(!c.prompt.empty(), "--prompt is required");
+  const bool dataset = !c.dataset_path.empty();
+  XF_CHECK(!dataset || c.prompt.empty(), "--prompt and --dataset_path are exclusive: give one");
+  XF_CHECK(!dataset || c.batch_size.has_value(),
+           "--dataset_path needs --batch_size (prompts denoised together per step)");
+  XF_CHECK(!c.resume || dataset,
+           "--resume needs --dataset_path (it skips finished outputs of a "
+           "dataset run)");
+  XF_CHECK(dataset || !c.prompt.empty(), "--prompt is required (or --dataset_path)");
   for (size_t i = 0; i < c.prompt.size(); ++i) {
     XF_CHECK(!c.prompt[i].empty(), "--prompt ", i, " is empty");
   }
   XF_CHECK(c.negative_prompt.empty() || c.negative_prompt.size() == 1 ||
-               c.negative_prompt.size() == c.prompt.size(),
+               (!dataset && c.negative_prompt.size() == c.prompt.size()),
            "--negative_prompt: give one, or one per --prompt (", c.prompt.size(), "), got ",
            c.negative_prompt.size());
 
@@ -127,21 +155,83 @@ ResolvedArgs Runner::preprocess_args() const {
   if (c.dtype.empty()) c.dtype = dtype_name(default_cpu_dtype());
   args.dtype = parse_dtype(c.dtype);
 
-  auto& r = args.request;
-  std::vector<std::string> negatives;
-  if (!c.negative_prompt.empty()) {
-    negatives = c.negative_prompt.size() == 1
-                    ? std::vector<std::string>(c.prompt.size(), c.negative_prompt[0])
-                    : c.negative_prompt;
+  // Every prompt of the run, with its negative prompt (if any) and seed. Per-row seeds default to
+  // --seed: each prompt is seeded on its own, as a one-prompt run with that seed, so an image
+  // does not depend on the batch size, its place in a batch or the data-parallel layout.
+  std::vector<std::string> prompts;
+  std::vector<std::optional<std::string>> negatives;
+  std::vector<int64_t> seeds;
+  if (dataset) {
+    for (auto& row : read_dataset(c.dataset_path)) {
+      prompts.push_back(std::move(row.prompt));
+      if (!row.negative_prompt && c.negative_prompt.size() == 1) {
+        row.negative_prompt = c.negative_prompt[0];
+      }
+      require(row.negative_prompt.has_value(), "--negative_prompt");
+      negatives.push_back(std::move(row.negative_prompt));
+      seeds.push_back(row.seed.value_or(c.seed));
+    }
+  } else {
+    prompts = c.prompt;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (c.negative_prompt.empty()) {
+        negatives.emplace_back();
+      } else {
+        negatives.emplace_back(c.negative_prompt[c.negative_prompt.size() == 1 ? 0 : i]);
+      }
+    }
+    seeds.assign(prompts.size(), c.seed);
   }
+  args.total_prompts = static_cast<int64_t>(prompts.size());
+  args.batch_size = c.batch_size.value_or(0);
+
+  // --resume: prompts whose output is complete are skipped. World rank 0 decides, every rank
+  // takes its answer, so all ranks of a model replica run the same batches.
+  std::vector<int64_t> pending;
+  {
+    at::Tensor todo = at::ones({static_cast<int64_t>(prompts.size())}, at::kByte);
+    if (c.resume && (!groups_ || groups_->rank() == 0)) {
+      remove_stale_temp_files(args, static_cast<int64_t>(prompts.size()));
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const fs::path path = output_path(args, static_cast<int64_t>(i));
+        std::map<std::string, std::string> text;
+        if (!is_complete_png(path, *c.height, *c.width, &text)) continue;
+        if (text["prompt"] != prompts[i] || text["seed"] != std::to_string(seeds[i])) {
+          spdlog::warn("--resume: {} holds another prompt or seed; generating it again",
+                       path.string());
+          continue;
+        }
+        todo.data_ptr<uint8_t>()[i] = 0;
+      }
+    }
+    if (c.resume && groups_ && groups_->config().world_size() > 1) {
+      groups_->world().broadcast(todo, 0);
+    }
+    const uint8_t* t = todo.data_ptr<uint8_t>();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (t[i]) pending.push_back(static_cast<int64_t>(i));
+    }
+    args.skipped_prompts = args.total_prompts - static_cast<int64_t>(pending.size());
+    if (c.resume) {
+      spdlog::info("--resume: {} of {} outputs complete, {} to generate", args.skipped_prompts,
+                   args.total_prompts, pending.size());
+    }
+  }
+
   // Data parallel: prompts strided over the dp groups (prompts[dp_rank::dp], as xDiT); each
   // keeps its global index for its file name, so the union equals a one-rank run.
+  auto& r = args.request;
+  const bool any_negative =
+      std::any_of(negatives.begin(), negatives.end(), [](const auto& n) { return n.has_value(); });
   const int dp = groups_ ? groups_->config().dp() : 1;
   const int dp_rank = groups_ ? groups_->coords().dp : 0;
-  for (size_t i = dp_rank; i < c.prompt.size(); i += dp) {
-    r.prompts.push_back(c.prompt[i]);
-    if (!negatives.empty()) r.negative_prompts.push_back(negatives[i]);
-    args.prompt_indices.push_back(static_cast<int64_t>(i));
+  for (size_t k = dp_rank; k < pending.size(); k += dp) {
+    const int64_t i = pending[k];
+    r.prompts.push_back(prompts[i]);
+    if (any_negative) r.negative_prompts.push_back(negatives[i].value_or(""));
+    args.has_negative.push_back(negatives[i].has_value());
+    r.seeds.push_back(seeds[i]);
+    args.prompt_indices.push_back(i);
   }
   r.height = *c.height;
   r.width = *c.width;
@@ -149,7 +239,6 @@ ResolvedArgs Runner::preprocess_args() const {
   r.guidance_scale = *c.guidance_scale;
   r.true_cfg_scale = *c.true_cfg_scale;
   r.max_sequence_length = *c.max_sequence_length;
-  r.seeds.assign(r.prompts.size(), c.seed);
   r.num_pipeline_patch = c.num_pipeline_patch;
   r.pipefusion_warmup_steps = c.pipefusion_warmup_steps;
   return args;
@@ -169,6 +258,13 @@ fs::path resolve_model_dir(const ResolvedArgs& args) {
   }
   models::check_pipeline_folder(dir);
   return dir;
+}
+
+fs::path output_path(const ResolvedArgs& args, int64_t index) {
+  const RunConfig& c = args.config;
+  return fs::path(c.output_directory) /
+         output_file_name(args.spec->id, c.ulysses_degree, c.ring_degree, c.use_torch_compile,
+                          c.height.value_or(0), c.width.value_or(0), index, "png");
 }
 
 void Runner::initialize(const ResolvedArgs& args) {
@@ -221,6 +317,7 @@ uint64_t Runner::estimated_output_bytes(const ResolvedArgs& args) const {
 
 RunResult Runner::run(const ResolvedArgs& args) {
   XF_CHECK(model_ != nullptr, "Runner::run called before initialize");
+  if (args.batch_size > 0) return run_batched(args);
   RunResult result;
   if (args.request.prompts.empty()) {
     // More data-parallel groups than prompts: this group has nothing to generate.
@@ -237,6 +334,7 @@ RunResult Runner::run(const ResolvedArgs& args) {
     if (groups_) groups_->reset_stats();  // count each timed iteration on its own
     auto out = model_->generate(args.request);
     if (groups_) result.comm.push_back(groups_->stats());
+    result.iteration_prompts.push_back(args.prompt_indices);
     spdlog::info("iteration {}/{}: {:.3f} s", i + 1, args.config.num_iterations, out.total_seconds);
     result.iteration_seconds.push_back(out.total_seconds);
     result.images = out.images;
@@ -259,36 +357,139 @@ RunResult Runner::run(const ResolvedArgs& args) {
   return result;
 }
 
+fs::path Runner::write_image(const ResolvedArgs& args, size_t i, const at::Tensor& image) const {
+  const RunConfig& c = args.config;
+  std::map<std::string, std::string> text = {
+      {"Software", "xfuser"},
+      {"model", args.spec->id},
+      {"prompt", args.request.prompts[i]},
+      {"seed", std::to_string(args.request.seeds[i])},
+      {"num_inference_steps", std::to_string(args.request.num_inference_steps)},
+      {"guidance_scale", format_double(args.request.guidance_scale)},
+      {"size", std::to_string(args.request.height) + "x" + std::to_string(args.request.width)},
+      {"dtype", c.dtype},
+      {"parallel",
+       "ulysses=" + std::to_string(c.ulysses_degree) + " ring=" + std::to_string(c.ring_degree) +
+           " pipefusion=" + std::to_string(c.pipefusion_parallel_degree) +
+           " tensor=" + std::to_string(c.tensor_parallel_degree) + " data=" +
+           std::to_string(c.data_parallel_degree) + " cfg=" + (c.use_cfg_parallel ? "2" : "1")}};
+  if (args.has_negative.size() > i && args.has_negative[i]) {
+    text["negative_prompt"] = args.request.negative_prompts[i];
+    text["true_cfg_scale"] = format_double(args.request.true_cfg_scale);
+  }
+  const fs::path path = output_path(args, args.prompt_indices[i]);
+  write_png(path, image, text);
+  return path;
+}
+
+RunResult Runner::run_batched(const ResolvedArgs& args) {
+  RunResult result;
+  const auto& req = args.request;
+  const size_t n = req.prompts.size();
+  if (n == 0) {
+    spdlog::info("no prompt left for this data-parallel group");
+    return result;
+  }
+  // Batches of B consecutive prompts of this group; a batch whose rows differ in true CFG (a
+  // negative prompt or not) runs as two generate() calls, one per kind, timed together.
+  const size_t b = static_cast<size_t>(args.batch_size);
+  std::vector<std::vector<std::vector<size_t>>> batches;  // batch -> call -> local indices
+  for (size_t start = 0; start < n; start += b) {
+    std::vector<size_t> with, without;
+    for (size_t i = start; i < std::min(n, start + b); ++i) {
+      (args.has_negative[i] ? with : without).push_back(i);
+    }
+    batches.emplace_back();
+    for (auto* part : {&without, &with}) {
+      if (!part->empty()) batches.back().push_back(*part);
+    }
+  }
+  auto sub_request = [&](const std::vector<size_t>& rows) {
+    models::GenerationRequest r = req;
+    r.prompts.clear();
+    r.negative_prompts.clear();
+    r.seeds.clear();
+    for (size_t i : rows) {
+      r.prompts.push_back(req.prompts[i]);
+      if (args.has_negative[i]) r.negative_prompts.push_back(req.negative_prompts[i]);
+      r.seeds.push_back(req.seeds[i]);
+    }
+    return r;
+  };
+  for (int i = 0; i < args.config.warmup_calls; ++i) {
+    spdlog::info("warm-up call {}/{} (first batch)", i + 1, args.config.warmup_calls);
+    for (const auto& call : batches.front()) model_->generate(sub_request(call));
+  }
+  const bool writer = writes_images();
+  Progress progress(static_cast<int64_t>(n), writer && isatty(STDERR_FILENO));
+  if (writer) {
+    spdlog::info("{} prompt(s) in {} batch(es) of up to {} on this data-parallel group", n,
+                 batches.size(), b);
+    model_->set_step_callback([&progress](int step, int steps) { progress.step(step, steps); });
+  }
+  for (int it = 0; it < args.config.num_iterations; ++it) {
+    for (const auto& batch : batches) {
+      double seconds = 0;
+      for (const auto& call : batch) {
+        if (groups_) groups_->reset_stats();
+        auto out = model_->generate(sub_request(call));
+        if (groups_) result.comm.push_back(groups_->stats());
+        seconds += out.total_seconds;
+        std::vector<int64_t> indices;
+        for (size_t k = 0; k < call.size(); ++k) {
+          indices.push_back(args.prompt_indices[call[k]]);
+          // The first iteration writes the images, batch by batch (later ones only time).
+          if (it == 0 && writer) {
+            result.written.push_back(write_image(args, call[k], out.images[k]));
+          }
+        }
+        result.iteration_prompts.push_back(std::move(indices));
+        result.iterations.push_back(std::move(out));
+      }
+      result.iteration_seconds.push_back(seconds);
+      if (it == 0 && writer) {
+        size_t prompts = 0;
+        for (const auto& call : batch) prompts += call.size();
+        progress.batch_done(static_cast<int64_t>(prompts), seconds);
+      }
+    }
+    if (args.config.num_iterations > 1) {
+      spdlog::info("iteration {}/{} done", it + 1, args.config.num_iterations);
+    }
+  }
+  model_->set_step_callback(nullptr);
+  return result;
+}
+
+// timings.json of a batched run: every data-parallel group's batch times (group 0's batches,
+// then group 1's, ...), gathered over the dp group of the writing rank.
+std::vector<double> Runner::gather_batch_seconds(const ResolvedArgs& args,
+                                                 const std::vector<double>& mine) const {
+  if (!groups_ || groups_->config().dp() == 1) return mine;
+  parallel::Communicator& dp = groups_->dp();
+  at::Tensor count = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
+  const at::Tensor counts = dp.all_gather(count);  // [dp]
+  const int64_t most = counts.max().item<int64_t>();
+  at::Tensor padded = at::zeros({std::max<int64_t>(most, 1)}, at::kDouble);
+  std::copy(mine.begin(), mine.end(), padded.data_ptr<double>());
+  const at::Tensor all = dp.all_gather(padded).view({dp.size(), -1});  // [dp, most]
+  std::vector<double> seconds;
+  for (int g = 0; g < dp.size(); ++g) {
+    for (int64_t i = 0; i < counts[g].item<int64_t>(); ++i) {
+      seconds.push_back(all[g][i].item<double>());
+    }
+  }
+  return seconds;
+}
+
 std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& result) {
   const RunConfig& c = args.config;
   const fs::path dir = c.output_directory;
   const auto save_start = std::chrono::steady_clock::now();
-  std::vector<fs::path> written;
+  std::vector<fs::path> written = result.written;
   const int64_t images = writes_images() && result.images.defined() ? result.images.size(0) : 0;
   for (int64_t i = 0; i < images; ++i) {
-    std::map<std::string, std::string> text = {
-        {"Software", "xfuser"},
-        {"model", args.spec->id},
-        {"prompt", args.request.prompts[i]},
-        {"seed", std::to_string(args.request.seeds[i])},
-        {"num_inference_steps", std::to_string(args.request.num_inference_steps)},
-        {"guidance_scale", format_double(args.request.guidance_scale)},
-        {"size", std::to_string(args.request.height) + "x" + std::to_string(args.request.width)},
-        {"dtype", c.dtype},
-        {"parallel",
-         "ulysses=" + std::to_string(c.ulysses_degree) + " ring=" + std::to_string(c.ring_degree) +
-             " pipefusion=" + std::to_string(c.pipefusion_parallel_degree) +
-             " tensor=" + std::to_string(c.tensor_parallel_degree) + " data=" +
-             std::to_string(c.data_parallel_degree) + " cfg=" + (c.use_cfg_parallel ? "2" : "1")}};
-    if (!args.request.negative_prompts.empty()) {
-      text["negative_prompt"] = args.request.negative_prompts[i];
-      text["true_cfg_scale"] = format_double(args.request.true_cfg_scale);
-    }
-    const fs::path path = dir / output_file_name(args.spec->id, c.ulysses_degree, c.ring_degree,
-                                                 c.use_torch_compile, args.request.height,
-                                                 args.request.width, args.prompt_indices[i], "png");
-    write_png(path, result.images[i], text);
-    written.push_back(path);
+    written.push_back(write_image(args, static_cast<size_t>(i), result.images[i]));
   }
   // Every rank: its own run report.
   {
@@ -307,6 +508,11 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                         {"seed", c.seed},
                         {"dtype", c.dtype},
                         {"prompts", args.request.prompts.size()},
+                        {"batch_size", args.batch_size},
+                        {"dataset_path", c.dataset_path},
+                        {"resume", c.resume},
+                        {"total_prompts", args.total_prompts},
+                        {"skipped_prompts", args.skipped_prompts},
                         {"prompt_indices", args.prompt_indices},
                         {"ulysses_degree", c.ulysses_degree},
                         {"ring_degree", c.ring_degree},
@@ -337,7 +543,10 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
           }
         }
       }
+      nlohmann::json prompts = nlohmann::json::array();
+      if (i < result.iteration_prompts.size()) prompts = result.iteration_prompts[i];
       iterations.push_back({{"total_seconds", it.total_seconds},
+                            {"prompt_indices", prompts},
                             {"stages_seconds", stage_sum},
                             {"stages", stages},
                             {"comm", comm}});
@@ -382,8 +591,12 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
     write_file_atomic(path, report.dump(2) + "\n");
     written.push_back(path);
   }
+  // Batched runs: every dp group's batches (a collective over the dp group: every rank joins).
+  const std::vector<double> seconds = args.batch_size > 0
+                                          ? gather_batch_seconds(args, result.iteration_seconds)
+                                          : result.iteration_seconds;
   if (writes_timings()) {
-    nlohmann::json timings = result.iteration_seconds;
+    nlohmann::json timings = seconds;
     write_file_atomic(dir / "timings.json", timings.dump() + "\n");
     written.push_back(dir / "timings.json");
   }

@@ -7,6 +7,10 @@
 //   auto result = runner.run(args);         // warm-up calls, then timed iterations
 //   runner.save(result);                    // images + timings.json
 //   runner.cleanup();
+//
+// Batched runs (--batch_size B, with --dataset_path or --prompt): each data-parallel group
+// denoises its prompts B at a time, and run() writes every batch's images as soon as they are
+// decoded (an interrupted run keeps its finished outputs; --resume skips them next time).
 #pragma once
 
 #include <filesystem>
@@ -34,6 +38,10 @@ struct ResolvedArgs {
   const models::ModelSpec* spec = nullptr;  // the registry entry
   models::GenerationRequest request;        // this data-parallel group's prompts
   std::vector<int64_t> prompt_indices;      // their global indices (output file names)
+  std::vector<bool> has_negative;           // per prompt: true CFG with negative_prompts[i]
+  int batch_size = 0;                       // > 0: batched run (run() writes the images)
+  int64_t total_prompts = 0;                // in the whole run, over every dp group
+  int64_t skipped_prompts = 0;              // --resume: outputs already complete
   c10::ScalarType dtype = c10::kFloat;
 };
 
@@ -42,9 +50,11 @@ using CommReport = std::map<std::string, std::map<std::string, parallel::OpStats
 
 struct RunResult {
   at::Tensor images;                      // uint8 [B, H, W, 3] of the last timed iteration
-  std::vector<double> iteration_seconds;  // one per timed iteration (timings.json)
-  std::vector<models::GenerationOutput> iterations;  // stage timings per timed iteration
-  std::vector<CommReport> comm;                      // per timed iteration (empty on one rank)
+  std::vector<double> iteration_seconds;  // one per timed iteration (batched: one per batch)
+  std::vector<models::GenerationOutput> iterations;     // stage timings per generate() call
+  std::vector<std::vector<int64_t>> iteration_prompts;  // global prompt indices per call
+  std::vector<CommReport> comm;                         // per generate() call (empty on one rank)
+  std::vector<std::filesystem::path> written;           // batched runs: images run() wrote
   // --pipefusion_psnr: PSNR (dB, +inf when identical) of the last timed image against the
   // exact PipeFusion image (all steps synchronous).
   std::optional<double> pipefusion_psnr;
@@ -60,12 +70,16 @@ class Runner {
   ~Runner();
 
   // Resolves the model, applies its defaults, and checks every flag against its capabilities:
-  // an unsupported flag is an error naming the flag and the model. Touches no file.
+  // an unsupported flag is an error naming the flag and the model. Reads --dataset_path, and
+  // with --resume checks which outputs are already complete (world rank 0 decides, every rank
+  // agrees) and removes the temporary files an interrupted run left; writes nothing.
   ResolvedArgs preprocess_args() const;
   // Finds the weights (--model_path, the embedded tiny model, or the Hugging Face cache), checks
   // the output folder, and loads the model.
   void initialize(const ResolvedArgs& args);
-  // warmup_calls untimed generations, then num_iterations timed ones.
+  // warmup_calls untimed generations, then num_iterations timed ones. Batched runs: the
+  // warm-up calls use the first batch; each timed iteration goes over every batch, and the
+  // first writes the images.
   RunResult run(const ResolvedArgs& args);
   // Writes the images (xDiT's names, parameters as PNG text) and timings.json, atomically.
   // Under parallelism the last rank of each model replica writes its prompts' images (no pixels
@@ -80,6 +94,11 @@ class Runner {
   bool writes_images() const;
   // Upper bound of the bytes this rank writes to --output_directory (checked before loading).
   uint64_t estimated_output_bytes(const ResolvedArgs& args) const;
+  RunResult run_batched(const ResolvedArgs& args);
+  std::filesystem::path write_image(const ResolvedArgs& args, size_t local_index,
+                                    const at::Tensor& image) const;
+  std::vector<double> gather_batch_seconds(const ResolvedArgs& args,
+                                           const std::vector<double>& mine) const;
   int rank() const;
   bool writes_timings() const;
 
@@ -92,6 +111,9 @@ class Runner {
 // The pipeline folder of a run: --model_path, the embedded tiny model (built on first use), or
 // the model's repo in the Hugging Face cache; checked to hold model_index.json.
 std::filesystem::path resolve_model_dir(const ResolvedArgs& args);
+
+// The output file of global prompt `index` (xDiT's name, in --output_directory).
+std::filesystem::path output_path(const ResolvedArgs& args, int64_t index);
 
 // The default compute dtype on this host: bf16 when the CPU has AVX512-BF16 (about 2x the fp32
 // matmul rate through oneDNN), else fp32.

@@ -60,6 +60,10 @@ std::vector<std::filesystem::path> candidate_paths() {
     paths.push_back(exe.parent_path().parent_path() / "lib" / kShimName);
     paths.push_back(exe.parent_path() / kShimName);
   }
+  // The loader's own search (RUNPATH, LD_LIBRARY_PATH, ld.so.cache): programs linking the
+  // installed package get <prefix>/lib on their RUNPATH. Before the build tree's copy, so an
+  // installed xfuser never depends on its build folder.
+  paths.emplace_back(kShimName);
 #ifdef XFUSER_SPM_SHIM_BUILD_PATH
   paths.emplace_back(XFUSER_SPM_SHIM_BUILD_PATH);
 #endif
@@ -77,7 +81,8 @@ ShimApi open_shim() {
   ShimApi api;
   std::string tried;
   for (const auto& candidate : candidate_paths()) {
-    if (!std::filesystem::exists(candidate)) {
+    const bool by_name = !candidate.has_parent_path();  // searched by the loader
+    if (!by_name && !std::filesystem::exists(candidate)) {
       tried += "\n  " + candidate.string() + " (absent)";
       continue;
     }
@@ -88,15 +93,6 @@ ShimApi open_shim() {
     }
     const char* why = dlerror();
     tried += "\n  " + candidate.string() + ": " + (why ? why : "dlopen failed");
-  }
-  if (api.library == nullptr && std::getenv("XFUSER_SPM_SHIM") == nullptr) {
-    api.library = dlopen(kShimName, kDlopenFlags);  // the loader's own search path
-    if (api.library != nullptr) {
-      api.path = kShimName;
-    } else {
-      const char* why = dlerror();
-      tried += std::string("\n  ") + kShimName + ": " + (why ? why : "dlopen failed");
-    }
   }
   XF_CHECK(api.library != nullptr, "cannot load the SentencePiece shim ", kShimName,
            " (set XFUSER_SPM_SHIM to its path); tried:", tried);

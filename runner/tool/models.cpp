@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/registry.h"
+#include "runner/outputs.h"
 #include "runner/tool/commands.h"
 
 namespace xfuser::runner::tool {
@@ -32,7 +33,41 @@ std::string join(const std::vector<std::string>& items, const std::string& sep) 
 
 }  // namespace
 
+std::string models_doc() {
+  std::ostringstream os;
+  os << "# Supported models\n\n"
+     << "<!-- Generated from the model registry: do not edit. Regenerate with\n"
+     << "     cmake --build build --target docs-models\n"
+     << "     (runs: build/bin/xfuser models --format doc --output docs/models.md). -->\n\n"
+     << "Every model `xfuser-run --model` accepts (`xfuser models` prints the same list).\n\n"
+     << models_listing("markdown");
+  for (const auto& s : models::ModelRegistry::all()) {
+    os << "\n## " << s.id << "\n\n";
+    if (!s.description.empty()) os << s.description << "\n\n";
+    os << "- task: " << models::to_string(s.task) << "\n";
+    os << "- maturity: " << s.maturity << "\n";
+    if (!s.aliases.empty()) os << "- aliases: `" << join(s.aliases, "`, `") << "`\n";
+    std::string weights = "--model_path only";
+    if (s.maturity == "embedded") {
+      weights = "built on first use (under $XFUSER_CACHE, default ~/.cache/xfuser)";
+    } else if (!s.hf_repo.empty()) {
+      weights = "Hugging Face repo `" + s.hf_repo + "` in the local cache (or --model_path)";
+    }
+    os << "- weights: " << weights << "\n";
+    os << "- defaults: " << s.defaults.width << "x" << s.defaults.height << ", "
+       << s.defaults.num_inference_steps << " steps, guidance " << s.defaults.guidance_scale
+       << ", max_sequence_length " << s.defaults.max_sequence_length << "\n";
+    const auto par = parallelism_names(s.parallelism);
+    os << "- parallelism: " << (par.empty() ? std::string("single rank") : join(par, ", ")) << "\n";
+    std::vector<std::string> options(s.options.begin(), s.options.end());
+    os << "- options: "
+       << (options.empty() ? std::string("none") : "`" + join(options, "`, `") + "`") << "\n";
+  }
+  return os.str();
+}
+
 std::string models_listing(const std::string& format) {
+  if (format == "doc") return models_doc();
   std::ostringstream os;
   const auto& specs = models::ModelRegistry::all();
   if (format == "json") {
@@ -94,11 +129,21 @@ std::string models_listing(const std::string& format) {
 
 void register_models(CLI::App& app) {
   auto format = std::make_shared<std::string>("table");
+  auto output = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand("models", "List the registered models");
-  cmd->add_option("--format", *format, "Output format")
-      ->check(CLI::IsMember({"table", "markdown", "json"}))
+  cmd->add_option("--format", *format,
+                  "Output format (doc: the docs/models.md page, table and details)")
+      ->check(CLI::IsMember({"table", "markdown", "json", "doc"}))
       ->capture_default_str();
-  cmd->callback([format] { std::cout << models_listing(*format); });
+  cmd->add_option("--output", *output, "Write to this file (atomically) instead of stdout");
+  cmd->callback([format, output] {
+    const std::string text = models_listing(*format);
+    if (output->empty()) {
+      std::cout << text;
+    } else {
+      write_file_atomic(*output, text);
+    }
+  });
 }
 
 }  // namespace xfuser::runner::tool

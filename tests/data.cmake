@@ -1,0 +1,5 @@
+# Dataset inference (readers, batched runs, --resume), docs/models.md, the installed package.
+xfuser_add_test(test_dataset.cpp)
+xfuser_add_test(test_dataset_run.cpp LABELS mpi TIMEOUT 900)
+xfuser_add_test(test_models_doc.cpp)
+xfuser_add_test(test_install.cpp TIMEOUT 600)
