@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "profiling/trace.h"
 
 namespace xfuser::models::flux {
 namespace {
@@ -315,6 +316,7 @@ void FluxTransformer2DModel::check_inputs(const FluxInputs& in) const {
 
 at::Tensor FluxTransformer2DModel::attend(const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& v, const AttentionCall& call) const {
+  XF_SPAN("attention", "attention");
   return attention_hook_ ? attention_hook_(q, k, v, call) : local_attention(q, k, v, call);
 }
 
@@ -353,6 +355,8 @@ void FluxTransformer2DModel::run_double_blocks(FluxState& st, int64_t begin, int
                            const AttentionCall& call) { return this->attend(q, k, v, call); };
   for (int64_t i = begin; i < end; ++i) {
     XF_CONTEXT("transformer_blocks.", i);
+    profiling::Span span("block", "transformer_block");
+    span.arg("index", i);
     blocks_[i]->forward(st.hidden, st.context, st.temb, st.rope, attend, i);
   }
 }
@@ -371,6 +375,8 @@ void FluxTransformer2DModel::run_single_blocks(FluxState& st, int64_t begin, int
                            const AttentionCall& call) { return this->attend(q, k, v, call); };
   for (int64_t i = begin; i < end; ++i) {
     XF_CONTEXT("single_transformer_blocks.", i);
+    profiling::Span span("block", "single_transformer_block");
+    span.arg("index", i);
     st.hidden = single_blocks_[i]->forward(st.hidden, st.temb, st.rope, attend,
                                            config_.num_layers + i, st.text_tokens);
   }
