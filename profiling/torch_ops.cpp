@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -58,6 +59,13 @@ namespace {
   return (realtime_ns - offset_ns) / 1000;
 }
 
+// Sets ts/dur from begin and end in realtime ns. Both ends are truncated to us the same way, so
+// ops nested in time stay nested in the trace.
+[[maybe_unused]] void set_span(TraceEvent& t, int64_t begin_ns, int64_t end_ns, int64_t offset_ns) {
+  t.ts_us = realtime_ns_to_trace_us(begin_ns, offset_ns);
+  t.dur_us = std::max<int64_t>(0, realtime_ns_to_trace_us(end_ns, offset_ns) - t.ts_us);
+}
+
 [[maybe_unused]] nlohmann::json shapes_json(const std::vector<std::vector<int64_t>>& shapes) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& s : shapes) out.push_back(s);
@@ -94,6 +102,21 @@ std::vector<TraceEvent> stop_torch_ops(bool keep) {
   std::vector<TraceEvent> out;
   if (!keep) return out;
   const int64_t offset = realtime_minus_steady_ns();
+  // Absolute times through one reference event: LegacyEvent gives them only as double us
+  // (~0.25 us steps at today's epoch), but differences exactly; the reference's rounding is then
+  // shared by every event and nesting survives.
+  const tap::LegacyEvent* ref = nullptr;
+  for (const auto& list : lists) {
+    if (!list.empty()) {
+      ref = &list.front();
+      break;
+    }
+  }
+  if (ref == nullptr) return out;
+  const auto ref_ns = static_cast<int64_t>(ref->cpuUs() * 1000.0);
+  auto realtime_ns = [&](const tap::LegacyEvent& e) {
+    return ref_ns + static_cast<int64_t>(std::llround(ref->cpuElapsedUs(e) * 1000.0));
+  };
   // Pushes by handle, across threads (an op may end on another thread than it began).
   std::map<uint64_t, const tap::LegacyEvent*> open;
   for (const auto& list : lists) {
@@ -107,9 +130,7 @@ std::vector<TraceEvent> stop_torch_ops(bool keep) {
         TraceEvent t;
         t.name = push.name();
         t.category = "aten";
-        const int64_t begin_ns = static_cast<int64_t>(push.cpuUs() * 1000.0);
-        t.ts_us = realtime_ns_to_trace_us(begin_ns, offset);
-        t.dur_us = std::max<int64_t>(0, static_cast<int64_t>(push.cpuElapsedUs(e)));
+        set_span(t, realtime_ns(push), realtime_ns(e), offset);
         t.tid = kTorchOpsTidBase + push.threadId();
         const auto shapes = push.shapes();
         if (has_shape(shapes)) t.args = {{"input_shapes", shapes_json(shapes)}};
@@ -152,13 +173,13 @@ std::vector<TraceEvent> stop_torch_ops(bool keep) {
     t.name = e.name();
     t.category = "aten";
 #if XFUSER_TORCH_MAJOR > 2 || XFUSER_TORCH_MINOR >= 3
-    const int64_t begin_ns = static_cast<int64_t>(e.startNs());
-    t.dur_us = static_cast<int64_t>(e.durationNs() / 1000);
+    const auto begin_ns = static_cast<int64_t>(e.startNs());
+    const auto end_ns = begin_ns + static_cast<int64_t>(e.durationNs());
 #else
-    const int64_t begin_ns = static_cast<int64_t>(e.startUs()) * 1000;
-    t.dur_us = static_cast<int64_t>(e.durationUs());
+    const auto begin_ns = static_cast<int64_t>(e.startUs()) * 1000;
+    const auto end_ns = begin_ns + static_cast<int64_t>(e.durationUs()) * 1000;
 #endif
-    t.ts_us = realtime_ns_to_trace_us(begin_ns, offset);
+    set_span(t, begin_ns, end_ns, offset);
     t.tid = kTorchOpsTidBase + e.startThreadId();
     if (e.hasShapes()) {
       std::vector<std::vector<int64_t>> shapes(e.shapes().begin(), e.shapes().end());

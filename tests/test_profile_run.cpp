@@ -9,6 +9,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -71,6 +73,31 @@ std::vector<nlohmann::json> complete_events(const nlohmann::json& trace, const s
   return out;
 }
 
+// On every (pid, tid) track, complete events nest (viewers stack them; partial overlaps are
+// misdrawn or dropped). Returns the number of violations.
+int nesting_violations(const nlohmann::json& trace) {
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, int64_t>>> tracks;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const int64_t ts = e["ts"], dur = e["dur"];
+    tracks[{e["pid"].get<int64_t>(), e["tid"].get<int64_t>()}].emplace_back(ts, ts + dur);
+  }
+  int bad = 0;
+  for (auto& [track, spans] : tracks) {
+    // By start, longer first: a parent precedes its children.
+    std::sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first < b.first : a.second > b.second;
+    });
+    std::vector<int64_t> open_ends;
+    for (const auto& [begin, end] : spans) {
+      while (!open_ends.empty() && open_ends.back() <= begin) open_ends.pop_back();
+      if (!open_ends.empty() && end > open_ends.back()) ++bad;
+      open_ends.push_back(end);
+    }
+  }
+  return bad;
+}
+
 // Checks the Chrome trace shape every viewer needs, and the spans of one active generation of
 // tiny-flux (2 steps, 1 double + 1 single block) on `rank`.
 void check_rank_trace(const nlohmann::json& t, int rank, int world) {
@@ -112,6 +139,7 @@ void check_rank_trace(const nlohmann::json& t, int rank, int world) {
   }
   EXPECT_TRUE(names.count("aten::linear") || names.count("aten::addmm") || names.count("aten::mm"))
       << "no matmul op among " << names.size() << " op names";
+  EXPECT_EQ(nesting_violations(t), 0);
 }
 
 }  // namespace
@@ -198,6 +226,7 @@ TEST_F(ProfileRun, TwoRanksUnderMpirunWriteTracesWithCollectivesAndMerge) {
     }
   }
   EXPECT_EQ(pids, (std::set<int>{0, 1}));
+  EXPECT_EQ(nesting_violations(merged), 0);
   EXPECT_EQ(process_names[0], "rank 0");
   EXPECT_EQ(process_names[1], "rank 1");
   // A collective completes on both ranks at about the same moment of the common clock.
