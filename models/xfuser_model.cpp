@@ -16,6 +16,7 @@
 #include "backends/error.h"
 #include "models/common/kernels.h"
 #include "models/registry.h"
+#include "profiling/trace.h"
 
 namespace xfuser::models {
 namespace {
@@ -95,27 +96,33 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
       request.prompts.size(), " prompts (give none, or one per prompt)");
   c10::InferenceMode guard;
   KernelScope kernel_scope(kernels_.get());
+  XF_SPAN("stage", "generate");
   GenerationOutput out;
   auto t0 = Clock::now();
   std::unique_ptr<State> state = begin(request);
   {
     XF_CONTEXT("encoding the prompt");
+    XF_SPAN("stage", "encode_prompt");
     out.timings.push_back({"encode_prompt", -1, timed([&] { encode_prompt(*state); })});
   }
   {
     XF_CONTEXT("preparing latents");
+    XF_SPAN("stage", "prepare_latents");
     out.timings.push_back({"prepare_latents", -1, timed([&] { prepare_latents(*state); })});
   }
   const int steps = num_steps(*state);
   const auto injected = injected_failure();
   for (int i = 0; i < steps; ++i) {
     XF_CONTEXT("denoising step ", i + 1, "/", steps);
+    profiling::Span step_span("step", "denoise_step");
+    step_span.arg("step", i).arg("steps", steps);
     if (injected) inject(*injected, i);
     out.timings.push_back({"denoise_step", i, timed([&] { denoise_step(*state, i); })});
     if (step_callback_) step_callback_(i + 1, steps);
   }
   {
     XF_CONTEXT("decoding");
+    XF_SPAN("stage", "decode");
     out.timings.push_back({"decode", -1, timed([&] { decode(*state); })});
   }
   XF_CHECK(state->images.defined() && state->images.dim() == 4, spec_.id,

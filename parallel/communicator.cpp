@@ -1,6 +1,7 @@
 #include "parallel/communicator.h"
 
 #include "backends/error.h"
+#include "profiling/trace.h"
 
 namespace xfuser::parallel {
 
@@ -9,6 +10,22 @@ void Communicator::count(const std::string& op, int64_t bytes, double seconds) {
   ++s.calls;
   s.bytes += bytes;
   s.seconds += seconds;
+}
+
+void Communicator::trace_args(profiling::Span& span, int64_t bytes, int peer) const {
+  if (!span) return;
+  span.arg("group", name()).arg("backend", backend()).arg("bytes", bytes);
+  const auto& members = world_ranks();
+  if (peer >= 0) {
+    span.arg("peer", peer);
+    if (peer < static_cast<int>(members.size())) span.arg("peer_world_rank", members[peer]);
+  } else {
+    std::vector<int> peers;
+    for (int r = 0; r < static_cast<int>(members.size()); ++r) {
+      if (r != rank()) peers.push_back(members[r]);
+    }
+    span.arg("peers", peers);
+  }
 }
 
 void Communicator::unsupported(const std::string& op) const {

@@ -21,6 +21,10 @@
 
 #include <ATen/core/Tensor.h>
 
+namespace xfuser::profiling {
+class Span;
+}
+
 namespace xfuser::parallel {
 
 enum class ReduceOp { kSum, kMax, kMin };
@@ -85,6 +89,9 @@ class Communicator {
 
  protected:
   void count(const std::string& op, int64_t bytes, double seconds);
+  // Trace args of an operation of this group: group, backend, bytes, and the peer (group and
+  // world rank) or, for collectives (peer < 0), the world ranks of the other members.
+  void trace_args(profiling::Span& span, int64_t bytes, int peer = -1) const;
   [[noreturn]] void unsupported(const std::string& op) const;
 
  private:

@@ -12,6 +12,7 @@
 
 #include "backends/error.h"
 #include "backends/tensor_util.h"
+#include "profiling/trace.h"
 
 namespace xfuser::parallel {
 namespace {
@@ -141,6 +142,8 @@ class MpiWork : public Work {
 
   void wait() override {
     if (done_) return;
+    profiling::Span span("comm", is_send() ? "wait send" : "wait recv");
+    comm_->trace_args(span, buffer_.defined() ? nbytes(buffer_) : 0, peer_);  // message size
     const auto start = Clock::now();
     comm_->wait_requests(requests_, {buffer_, target_}, op_, bytes_, peer_,
                          start + comm_->timeout_);
@@ -169,6 +172,8 @@ class MpiWork : public Work {
   std::vector<MPI_Request> requests_;
   at::Tensor buffer_;
   at::Tensor target_;
+  bool is_send() const { return op_[0] == 's'; }
+
   const char* op_;
   int64_t bytes_;
   int peer_;
@@ -278,10 +283,12 @@ void MpiCommunicator::wait_requests(std::vector<MPI_Request>& requests,
 
 void MpiCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
   static constexpr const char* kOp = "all_reduce";
+  profiling::Span span("comm", kOp);
   check_usable(kOp);
   check_tensor(tensor, kOp);
   const auto start = Clock::now();
   const int64_t bytes = nbytes(tensor);
+  trace_args(span, bytes);
   at::Tensor work = tensor;
   if (is_half(tensor.scalar_type())) {
     work = tensor.to(at::kFloat).contiguous();  // reduce in float32
@@ -301,6 +308,7 @@ void MpiCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
 
 at::Tensor MpiCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
   static constexpr const char* kOp = "all_gather";
+  profiling::Span span("comm", kOp);
   check_usable(kOp);
   check_tensor(tensor, kOp);
   const int64_t nd = tensor.dim();
@@ -323,6 +331,7 @@ at::Tensor MpiCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
                               static_cast<int>(n), type, comm_, &requests[0]),
                kOp, " on group '", name_, "', shape ", shape_string(tensor.sizes()));
   const int64_t bytes = nbytes(in) * (size_ - 1);
+  trace_args(span, bytes);
   wait_requests(requests, {in, buf}, kOp, bytes, -1, start + timeout_);
   std::vector<int64_t> out_sizes(in.sizes().begin(), in.sizes().end());
   out_sizes[d] *= size_;
@@ -334,6 +343,7 @@ at::Tensor MpiCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
 
 at::Tensor MpiCommunicator::all_to_all(const at::Tensor& input) {
   static constexpr const char* kOp = "all_to_all";
+  profiling::Span span("comm", kOp);
   check_usable(kOp);
   check_tensor(input, kOp);
   XF_CHECK(input.dim() >= 1 && input.size(0) % size_ == 0, kOp, " on group '", name_,
@@ -352,6 +362,7 @@ at::Tensor MpiCommunicator::all_to_all(const at::Tensor& input) {
                              static_cast<int>(chunk), type, comm_, &requests[0]),
                kOp, " on group '", name_, "', shape ", shape_string(input.sizes()));
   const int64_t bytes = nbytes(in) / size_ * (size_ - 1);
+  trace_args(span, bytes);
   wait_requests(requests, {in, out}, kOp, bytes, -1, start + timeout_);
   count(kOp, bytes, std::chrono::duration<double>(Clock::now() - start).count());
   return out;
@@ -359,6 +370,7 @@ at::Tensor MpiCommunicator::all_to_all(const at::Tensor& input) {
 
 void MpiCommunicator::broadcast(at::Tensor& tensor, int root) {
   static constexpr const char* kOp = "broadcast";
+  profiling::Span span("comm", kOp);
   check_usable(kOp);
   check_tensor(tensor, kOp);
   check_peer(root, kOp);
@@ -370,6 +382,8 @@ void MpiCommunicator::broadcast(at::Tensor& tensor, int root) {
                  shape_string(tensor.sizes()));
   });
   const int64_t bytes = rank_ == root ? nbytes(tensor) : 0;
+  trace_args(span, bytes);
+  if (span) span.arg("root", root);
   wait_requests(requests, {work}, kOp, bytes, -1, start + timeout_);
   if (!work.is_same(tensor)) tensor.copy_(work);
   count(kOp, bytes, std::chrono::duration<double>(Clock::now() - start).count());
@@ -378,6 +392,9 @@ void MpiCommunicator::broadcast(at::Tensor& tensor, int root) {
 std::unique_ptr<Work> MpiCommunicator::start_p2p(const at::Tensor& tensor, int peer, Tag tag,
                                                  bool is_send) {
   const char* op = is_send ? "send" : "recv";
+  profiling::Span span("comm", is_send ? "post send" : "post recv");
+  trace_args(span, tensor.defined() ? nbytes(tensor) : 0, peer);  // message size
+  if (span) span.arg("tag", static_cast<int>(tag));
   check_usable(op);
   check_tensor(tensor, op);
   check_peer(peer, op);
@@ -427,6 +444,8 @@ std::unique_ptr<Work> MpiCommunicator::irecv(at::Tensor& tensor, int src, Tag ta
 
 void MpiCommunicator::barrier() {
   static constexpr const char* kOp = "barrier";
+  profiling::Span span("comm", kOp);
+  trace_args(span, 0);
   check_usable(kOp);
   const auto start = Clock::now();
   std::vector<MPI_Request> requests(1);
@@ -442,6 +461,9 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const s
 std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key, const std::string& name,
                                                         std::chrono::milliseconds timeout) {
   static constexpr const char* kOp = "split";
+  profiling::Span span("comm", kOp);
+  trace_args(span, 8 * (size_ - 1));
+  if (span) span.arg("new_group", name);
   check_usable(kOp);
   XF_CHECK(color >= 0, kOp, " of group '", name_, "' into '", name, "': color must be >= 0, got ",
            color);

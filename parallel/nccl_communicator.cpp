@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/error.h"
+#include "profiling/trace.h"
 
 // The current torch CUDA stream is the compute stream when this libtorch has CUDA; a CPU-only
 // libtorch has no CUDA tensors, and the default stream stands in. Some CPU-only packages (Debian
@@ -366,6 +367,8 @@ NcclWork::~NcclWork() {
 
 void NcclWork::wait() {
   if (finished_) return;
+  profiling::Span span("comm", "wait");
+  if (span) span.arg("op", stat_op_).arg("group", comm_.name()).arg("bytes", bytes_);
   XF_CONTEXT(what_);
   DeviceGuard guard(comm_.device_);
   comm_.wait_event(done_, Clock::now() + comm_.timeout_, what_);
@@ -538,6 +541,8 @@ void NcclCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
   const Clock::time_point start = Clock::now();
   const int64_t bytes = tensor.defined() ? nbytes(tensor) : 0;
   const std::string what = describe("all_reduce", bytes);
+  profiling::Span span("comm", "all_reduce");
+  trace_args(span, bytes);
   XF_CONTEXT(what);
   check_usable(what);
   check_tensor(tensor, what);
@@ -571,6 +576,8 @@ at::Tensor NcclCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
   const int64_t input_bytes = tensor.defined() ? nbytes(tensor) : 0;
   const int64_t bytes = input_bytes * (size() - 1);  // this rank's input, to every other member
   const std::string what = describe("all_gather", input_bytes);
+  profiling::Span span("comm", "all_gather");
+  trace_args(span, bytes);
   XF_CONTEXT(what);
   check_usable(what);
   check_tensor(tensor, what);
@@ -600,6 +607,8 @@ at::Tensor NcclCommunicator::all_to_all(const at::Tensor& input) {
   const int64_t chunk_bytes = total / size();
   const int64_t bytes = chunk_bytes * (size() - 1);  // sent to the other ranks
   const std::string what = describe("all_to_all", bytes);
+  profiling::Span span("comm", "all_to_all");
+  trace_args(span, bytes);
   XF_CONTEXT(what);
   check_usable(what);
   check_tensor(input, what);
@@ -632,6 +641,9 @@ void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
   const int64_t size_bytes = tensor.defined() ? nbytes(tensor) : 0;
   const int64_t bytes = rank_ == root ? size_bytes : 0;
   const std::string what = describe("broadcast", size_bytes) + " from root " + std::to_string(root);
+  profiling::Span span("comm", "broadcast");
+  trace_args(span, bytes);
+  if (span) span.arg("root", root);
   XF_CONTEXT(what);
   check_usable(what);
   check_tensor(tensor, what);
@@ -650,6 +662,8 @@ void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
 
 std::unique_ptr<NcclWork> NcclCommunicator::point_to_point(bool is_send, const at::Tensor& tensor,
                                                            int peer, const std::string& what) {
+  profiling::Span span("comm", is_send ? "post send" : "post recv");
+  trace_args(span, tensor.defined() ? nbytes(tensor) : 0, peer);  // message size
   const Clock::time_point start = Clock::now();
   check_usable(what);
   check_tensor(tensor, what);
@@ -697,6 +711,8 @@ std::unique_ptr<Work> NcclCommunicator::irecv(at::Tensor& tensor, int src, Tag) 
 void NcclCommunicator::barrier() {
   const Clock::time_point start = Clock::now();
   const std::string what = describe("barrier", 4);
+  profiling::Span span("comm", "barrier");
+  trace_args(span, 4);
   XF_CONTEXT(what);
   check_usable(what);
   DeviceGuard guard(device_);
@@ -717,6 +733,8 @@ void NcclCommunicator::barrier() {
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
   const std::string what = "nccl split of group '" + name_ + "' into '" + name + "' (color " +
                            std::to_string(color) + ", key " + std::to_string(key) + ")";
+  profiling::Span span("comm", "split");
+  if (span) span.arg("group", name_).arg("new_group", name);
   XF_CONTEXT(what);
   check_usable(what);
   XF_CHECK(color >= 0, what, ": color must be >= 0");

@@ -131,15 +131,18 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
       ->group(kBench);
 
   const char* kProf = "Profiling";
-  app.add_flag("--profile", c.profile, "Write per-rank Chrome traces instead of outputs")
+  app.add_flag("--profile", c.profile,
+               "Write per-rank Chrome traces (profile_trace_rank_{r}.json) instead of outputs")
       ->group(kProf);
-  app.add_option("--profile_wait", c.profile_wait, "Profiler wait steps")
+  app.add_option("--profile_wait", c.profile_wait, "Profiler wait steps (generations run untraced)")
       ->group(kProf)
       ->capture_default_str();
-  app.add_option("--profile_warmup", c.profile_warmup, "Profiler warmup steps")
+  app.add_option("--profile_warmup", c.profile_warmup,
+                 "Profiler warmup steps (generations traced, then dropped)")
       ->group(kProf)
       ->capture_default_str();
-  app.add_option("--profile_active", c.profile_active, "Profiler active steps")
+  app.add_option("--profile_active", c.profile_active,
+                 "Profiler active steps (generations in the trace)")
       ->group(kProf)
       ->capture_default_str();
 

@@ -25,8 +25,9 @@
 #include "models/registry.h"
 #include "models/weights/hub_cache.h"
 #include "parallel/process_groups.h"
-#include "runner/fault_handler.h"
+#include "profiling/trace.h"
 #include "runner/dataset.h"
+#include "runner/fault_handler.h"
 #include "runner/outputs.h"
 #include "runner/progress.h"
 
@@ -601,6 +602,40 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
     written.push_back(dir / "timings.json");
   }
   return written;
+}
+
+fs::path Runner::profile(const ResolvedArgs& args) {
+  XF_CHECK(model_ != nullptr, "Runner::profile called before initialize");
+  const RunConfig& c = args.config;
+  auto& recorder = profiling::TraceRecorder::instance();
+  // A common clock: every rank leaves the barrier together and notes its own steady clock.
+  if (groups_) groups_->world().barrier();
+  profiling::TraceProcess process;
+  process.clock_sync_us = profiling::now_us();
+  process.rank = rank();
+  process.world_size = groups_ ? groups_->config().world_size() : 1;
+  recorder.set_process(process);
+  profiling::TraceRecorder::set_thread_name("main");
+  struct StopGuard {  // never leave the recorder on after an error
+    ~StopGuard() { profiling::TraceRecorder::instance().stop(); }
+  } stop_guard;
+  const int total = c.profile_wait + c.profile_warmup + c.profile_active;
+  for (int i = 0; i < total; ++i) {
+    if (i == c.profile_wait) recorder.start({/*torch_ops=*/true});
+    if (i == c.profile_wait + c.profile_warmup) recorder.clear();
+    const char* phase = i < c.profile_wait                      ? "wait"
+                        : i < c.profile_wait + c.profile_warmup ? "warmup"
+                                                                : "active";
+    spdlog::info("profile generation {}/{} ({})", i + 1, total, phase);
+    profiling::Span span("run", "generation");
+    span.arg("index", i).arg("phase", phase);
+    if (!args.request.prompts.empty()) model_->generate(args.request);
+  }
+  recorder.stop();
+  const fs::path path =
+      fs::path(c.output_directory) / ("profile_trace_rank_" + std::to_string(rank()) + ".json");
+  write_file_atomic(path, recorder.to_json().dump() + "\n");
+  return path;
 }
 
 bool Runner::writes_images() const {

@@ -6,6 +6,7 @@
 //   runner.initialize(args);                // weights found and loaded
 //   auto result = runner.run(args);         // warm-up calls, then timed iterations
 //   runner.save(result);                    // images + timings.json
+//   (or, with --profile: runner.profile(args) writes profile_trace_rank_{r}.json, nothing else)
 //   runner.cleanup();
 //
 // Batched runs (--batch_size B, with --dataset_path or --prompt): each data-parallel group
@@ -85,6 +86,11 @@ class Runner {
   // Under parallelism the last rank of each model replica writes its prompts' images (no pixels
   // travel between replicas) and the last world rank writes timings.json, as xDiT.
   std::vector<std::filesystem::path> save(const ResolvedArgs& args, const RunResult& result);
+  // --profile (xDiT's schedule): profile_wait untraced generations, profile_warmup traced and
+  // discarded, profile_active traced; then every rank writes output_directory/
+  // profile_trace_rank_{r}.json (Chrome trace, docs/profiling.md). Writes no images or timings.
+  // All ranks start together (world barrier) and record their clock there for `xfuser trace merge`.
+  std::filesystem::path profile(const ResolvedArgs& args);
   void cleanup();
 
   // The pipeline folder initialize() loaded from.

@@ -63,6 +63,12 @@ int main(int argc, char** argv) {
                    args.config.dtype, threads);
     }
     runner.initialize(args);
+    if (config.profile) {
+      // Like xDiT: in profile mode only the traces are written (no images, no timings).
+      spdlog::info("wrote {}", runner.profile(args).string());
+      runner.cleanup();
+      return 0;
+    }
     auto result = runner.run(args);
     for (const auto& path : runner.save(args, result)) spdlog::info("wrote {}", path.string());
     if (groups) {

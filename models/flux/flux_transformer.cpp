@@ -8,6 +8,7 @@
 
 #include "backends/error.h"
 #include "models/common/kernels.h"
+#include "profiling/trace.h"
 
 namespace xfuser::models::flux {
 namespace {
@@ -358,6 +359,7 @@ void FluxTransformer2DModel::check_inputs(const FluxInputs& in) const {
 
 at::Tensor FluxTransformer2DModel::attend(const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& v, const AttentionCall& call) const {
+  XF_SPAN("attention", "attention");
   return attention_hook_ ? attention_hook_(q, k, v, call) : local_attention(q, k, v, call);
 }
 
@@ -398,6 +400,8 @@ void FluxTransformer2DModel::run_double_blocks(FluxState& st, int64_t begin, int
                            const AttentionCall& call) { return this->attend(q, k, v, call); };
   for (int64_t i = begin; i < end; ++i) {
     XF_CONTEXT("transformer_blocks.", i);
+    profiling::Span span("block", "transformer_block");
+    span.arg("index", i);
     XF_CHECK(blocks_[i], "transformer_blocks.", i, " is not held by this model part (blocks [",
              part_.block_begin, ", ", part_.block_end, "))");
     blocks_[i]->forward(st.hidden, st.context, st.temb, st.rope, attend, i, tp_ops_);
@@ -418,6 +422,8 @@ void FluxTransformer2DModel::run_single_blocks(FluxState& st, int64_t begin, int
                            const AttentionCall& call) { return this->attend(q, k, v, call); };
   for (int64_t i = begin; i < end; ++i) {
     XF_CONTEXT("single_transformer_blocks.", i);
+    profiling::Span span("block", "single_transformer_block");
+    span.arg("index", i);
     XF_CHECK(single_blocks_[i], "single_transformer_blocks.", i,
              " is not held by this model part (blocks [", part_.block_begin, ", ", part_.block_end,
              "))");

@@ -10,6 +10,7 @@ void register_commands(CLI::App& app) {
   register_make_tiny(app);
   register_models(app);
   register_validate(app);
+  register_trace(app);
 }
 
 }  // namespace xfuser::runner::tool
