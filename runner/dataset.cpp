@@ -60,8 +60,9 @@ int64_t parse_seed(std::string_view text, const std::string& where) {
 
 // ---- text -------------------------------------------------------------------------------------
 
-std::vector<DatasetRow> parse_text(std::string_view bytes) {
-  std::vector<DatasetRow> rows;
+// Calls fn(line number from 1, the line trimmed) for every line that is not blank.
+template <typename F>
+void for_each_line(std::string_view bytes, F&& fn) {
   int64_t line_no = 0;
   size_t pos = 0;
   while (pos < bytes.size()) {
@@ -70,12 +71,18 @@ std::vector<DatasetRow> parse_text(std::string_view bytes) {
     ++line_no;
     const std::string_view line = trim(bytes.substr(pos, end - pos));
     pos = end + 1;
-    if (line.empty()) continue;
+    if (!line.empty()) fn(line_no, line);
+  }
+}
+
+std::vector<DatasetRow> parse_text(std::string_view bytes) {
+  std::vector<DatasetRow> rows;
+  for_each_line(bytes, [&](int64_t line_no, std::string_view line) {
     DatasetRow row;
     row.prompt = std::string(line);
     row.line = line_no;
     rows.push_back(std::move(row));
-  }
+  });
   return rows;
 }
 
@@ -233,15 +240,7 @@ int json_depth(std::string_view line) {
 
 std::vector<DatasetRow> parse_jsonl(std::string_view bytes, const std::string& source) {
   std::vector<DatasetRow> rows;
-  int64_t line_no = 0;
-  size_t pos = 0;
-  while (pos < bytes.size()) {
-    size_t end = bytes.find('\n', pos);
-    if (end == std::string_view::npos) end = bytes.size();
-    ++line_no;
-    const std::string_view line = trim(bytes.substr(pos, end - pos));
-    pos = end + 1;
-    if (line.empty()) continue;
+  for_each_line(bytes, [&](int64_t line_no, std::string_view line) {
     const std::string where = source + ":" + std::to_string(line_no);
     XF_CHECK(json_depth(line) <= kMaxJsonDepth, where, ": JSON nested deeper than ", kMaxJsonDepth,
              " levels");
@@ -283,7 +282,7 @@ std::vector<DatasetRow> parse_jsonl(std::string_view bytes, const std::string& s
       }
     }
     rows.push_back(std::move(row));
-  }
+  });
   return rows;
 }
 

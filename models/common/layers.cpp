@@ -198,31 +198,29 @@ FeedForward::FeedForward(int64_t dim, std::optional<int64_t> dim_out, double mul
   out_ = child("net.2", std::make_shared<Linear>(inner, dim_out.value_or(dim), bias));
 }
 
-at::Tensor FeedForward::forward(const at::Tensor& x) const {
-  auto h = proj_->forward(x);
-  switch (kind_) {
+at::Tensor feed_forward_activation(const at::Tensor& h, FeedForwardKind kind) {
+  switch (kind) {
     case FeedForwardKind::kGelu:
-      h = activate(h, Activation::kGelu);
-      break;
+      return activate(h, Activation::kGelu);
     case FeedForwardKind::kGeluApproximate:
-      h = activate(h, Activation::kGeluTanh);
-      break;
+      return activate(h, Activation::kGeluTanh);
     case FeedForwardKind::kLinearSilu:
-      h = activate(h, Activation::kSilu);
-      break;
+      return activate(h, Activation::kSilu);
     case FeedForwardKind::kGeglu:
     case FeedForwardKind::kGegluApproximate:
     case FeedForwardKind::kSwiglu: {
       auto parts = h.chunk(2, -1);  // hidden, gate
-      const Activation act = kind_ == FeedForwardKind::kSwiglu  ? Activation::kSilu
-                             : kind_ == FeedForwardKind::kGeglu ? Activation::kGelu
-                                                                : Activation::kGeluTanh;
-      at::Tensor gate = activate(parts[1], act);
-      h = parts[0] * gate;
-      break;
+      const Activation act = kind == FeedForwardKind::kSwiglu  ? Activation::kSilu
+                             : kind == FeedForwardKind::kGeglu ? Activation::kGelu
+                                                               : Activation::kGeluTanh;
+      return parts[0] * activate(parts[1], act);
     }
   }
-  return out_->forward(h);
+  XF_THROW("invalid feed-forward kind ", static_cast<int>(kind));
+}
+
+at::Tensor FeedForward::forward(const at::Tensor& x) const {
+  return out_->forward(feed_forward_activation(proj_->forward(x), kind_));
 }
 
 // ---- AdaLN modulation

@@ -127,6 +127,9 @@ enum class FeedForwardKind {
   kLinearSilu,        // "linear-silu": net.0.proj then SiLU
 };
 FeedForwardKind parse_feed_forward_kind(const std::string& name);
+// The activation between a feed-forward's two projections (the gated kinds: first half times the
+// activated second half), on the up-projection's output h.
+at::Tensor feed_forward_activation(const at::Tensor& h, FeedForwardKind kind);
 
 // FeedForward: `net.0.proj` (dim -> inner, or 2*inner for gated kinds), activation, dropout
 // (net.1, inference: identity), `net.2` (inner -> dim_out). inner = inner_dim or mult*dim.

@@ -114,29 +114,9 @@ ParallelFeedForward::ParallelFeedForward(int64_t dim, int64_t dim_out, double mu
 }
 
 at::Tensor ParallelFeedForward::forward(const at::Tensor& x, const TensorParallelOps& ops) const {
-  at::Tensor h = proj_->forward(x);  // [..., inner/n] (or 2*inner/n gated)
-  switch (kind_) {
-    case FeedForwardKind::kGelu:
-      h = activate(h, Activation::kGelu);
-      break;
-    case FeedForwardKind::kGeluApproximate:
-      h = activate(h, Activation::kGeluTanh);
-      break;
-    case FeedForwardKind::kLinearSilu:
-      h = activate(h, Activation::kSilu);
-      break;
-    case FeedForwardKind::kGeglu:
-    case FeedForwardKind::kGegluApproximate:
-    case FeedForwardKind::kSwiglu: {
-      auto parts = h.chunk(2, -1);  // hidden, gate
-      const Activation act = kind_ == FeedForwardKind::kSwiglu  ? Activation::kSilu
-                             : kind_ == FeedForwardKind::kGeglu ? Activation::kGelu
-                                                                : Activation::kGeluTanh;
-      h = parts[0] * activate(parts[1], act);
-      break;
-    }
-  }
-  return out_->forward(h, ops);
+  // [..., inner/n] (or 2*inner/n gated): a gated kind's hidden and gate halves are split alike,
+  // so the rank's halves pair up.
+  return out_->forward(feed_forward_activation(proj_->forward(x), kind_), ops);
 }
 
 // ---- AdaLN modulation ---------------------------------------------------------------------------
