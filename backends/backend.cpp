@@ -1,5 +1,6 @@
 #include "backends/backend.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -56,7 +57,9 @@ class CpuBackend final : public Backend {
     return {{"fp32", "bf16", "fp16"}, /*compile_available=*/false, /*graph_mode=*/false};
   }
   MemoryStats memory_stats() const override {
-    return {proc_status_bytes("VmHWM"), proc_status_bytes("VmRSS")};
+    // The kernel folds the current RSS into VmHWM lazily: the peak is at least the current.
+    const int64_t rss = proc_status_bytes("VmRSS");
+    return {std::max(proc_status_bytes("VmHWM"), rss), rss};
   }
 
  protected:
