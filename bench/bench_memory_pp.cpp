@@ -21,6 +21,7 @@
 #include <sys/resource.h>
 
 #include "bench/bench_common.h"
+#include "bench/bench_flux_configs.h"
 #include "models/flux/flux_pipefusion.h"
 #include "models/flux/flux_transformer.h"
 #include "models/weights/checkpoint.h"
@@ -39,20 +40,9 @@ namespace {
 constexpr int64_t kGrid = 32;  // image tokens kGrid x kGrid
 constexpr int64_t kText = 256;
 
+// The bench "medium" transformer (bench/bench_flux_configs.h), as bench_flux measures it.
 FluxConfig medium_config() {
-  FluxConfig c;
-  c.patch_size = 1;
-  c.in_channels = 64;
-  c.num_layers = 8;
-  c.num_single_layers = 16;
-  c.attention_head_dim = 128;
-  c.num_attention_heads = 8;
-  c.joint_attention_dim = 512;
-  c.pooled_projection_dim = 128;
-  c.guidance_embeds = true;
-  c.axes_dims_rope = {16, 56, 56};
-  c.validate("bench_memory_pp medium config");
-  return c;
+  return xfuser::bench::flux_config(xfuser::bench::select_configs("medium", "config")[0]);
 }
 
 void prepare(const fs::path& dir) {
