@@ -3,6 +3,8 @@
 // A flag the chosen model does not support is an error naming the flag and the model.
 #pragma once
 
+#include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <set>
@@ -36,6 +38,28 @@ struct Parallelism {
   bool parallel_vae = false;
 };
 
+// A run as a model checks it before any weight is read: degrees, sizes and guidance.
+struct RunLayout {
+  int ulysses = 1, ring = 1, pipefusion = 1, tensor = 1, cfg = 1, data = 1;
+  std::vector<int64_t> pipefusion_layers;  // empty: balanced
+  int num_pipeline_patch = 0;              // 0: the pp degree
+  int height = 0, width = 0;
+  int max_sequence_length = 0;
+  int batch_size = 1;     // prompts per generate() call
+  bool true_cfg = false;  // every prompt has a negative prompt and true_cfg_scale > 1
+  bool enable_tiling = false;
+  int bytes_per_element = 4;  // the compute dtype's
+  int threads = 1;
+};
+
+// What a run needs on one rank, estimated from the configs and the weight headers.
+struct MemoryEstimate {
+  uint64_t weights = 0;      // parameters in the compute dtype
+  uint64_t activations = 0;  // transformer and VAE activations
+  uint64_t attention = 0;    // attention scratch (scores per query block and thread)
+  uint64_t total() const { return weights + activations + attention; }
+};
+
 struct ModelSpec {
   std::string id;                    // "FLUX.1-dev"
   std::vector<std::string> aliases;  // "black-forest-labs/FLUX.1-dev"
@@ -48,6 +72,10 @@ struct ModelSpec {
   std::string maturity;  // "stable", "experimental"
   std::string description;
   std::function<std::unique_ptr<XFuserModel>(const ModelSpec&)> create;
+  // Checks a layout against the pipeline folder's configs and weight headers (no tensor data is
+  // read), throwing an error naming the flag; returns the memory one rank needs. Null: none.
+  std::function<MemoryEstimate(const std::filesystem::path& pipeline_dir, const RunLayout&)>
+      check_run;
 };
 
 class ModelRegistry {

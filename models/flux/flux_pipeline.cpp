@@ -7,6 +7,7 @@
 
 #include "backends/error.h"
 #include "models/common/component.h"
+#include "models/flux/flux_checks.h"
 #include "models/flux/flux_parallel.h"
 #include "models/flux/flux_pipefusion.h"
 #include "models/flux/flux_transformer.h"
@@ -374,6 +375,7 @@ std::vector<ModelSpec> model_specs() {
   dev.maturity = "stable";
   dev.description = "FLUX.1 [dev], 12B rectified-flow transformer, distilled guidance";
   dev.create = create;
+  dev.check_run = check_flux_run;
 
   ModelSpec tiny = dev;
   tiny.id = "tiny-flux";
