@@ -1,8 +1,9 @@
-// register_builtin_components(): every built-in component class, registered once.
+// register_builtin_components(): every built-in component class, registered once: the shared
+// ones (text encoders, VAEs) and every family's (its transformers).
 #include <mutex>
 
 #include "models/common/component.h"
-#include "models/flux/flux_transformer.h"
+#include "models/registry.h"
 #include "models/text_encoders/register.h"
 #include "models/vae/register.h"
 
@@ -11,9 +12,11 @@ namespace xfuser::models {
 void register_builtin_components() {
   static std::once_flag once;
   std::call_once(once, [] {
-    ComponentRegistry::add("FluxTransformer2DModel", flux::make_flux_transformer);
     register_text_encoders();
     register_vae();
+    for (const auto& family : FamilyRegistry::all()) {
+      if (family.register_components) family.register_components();
+    }
   });
 }
 

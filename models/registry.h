@@ -76,15 +76,56 @@ struct ModelSpec {
   // read), throwing an error naming the flag; returns the memory one rank needs. Null: none.
   std::function<MemoryEstimate(const std::filesystem::path& pipeline_dir, const RunLayout&)>
       check_run;
+  // The family (models/<family>/) that registered this model.
+  std::string family;
+  // diffusers pipeline classes (model_index.json `_class_name`) this model runs: `--model_path
+  // DIR` without --model picks the first model listing the folder's class.
+  std::vector<std::string> pipeline_classes;
+  // Embedded models (no download, no cache): builds the pipeline folder if needed, returns it.
+  std::function<std::filesystem::path()> embedded_dir;
+};
+
+// A tiny pipeline layout `xfuser make-tiny --arch NAME` writes (seeded random weights).
+struct TinyArch {
+  std::string name;         // "flux", "sd3"
+  std::string description;  // one line
+  std::function<void(const std::filesystem::path& dir, uint64_t seed)> write;
+};
+
+// A model family registers itself from its folder: models/<family>/family.cpp defines
+// xfuser::models::<family>::register_family(), which calls FamilyRegistry::add. The build
+// generates the list of those functions from the folders (models/CMakeLists.txt), so adding a
+// family needs no edit outside its folder.
+struct Family {
+  std::string name;               // the folder: "flux", "sd3"
+  std::vector<ModelSpec> models;  // in listing order
+  // Registers the family's component classes (its transformer, ...) with the ComponentRegistry
+  // and the DiTRegistry; called once by register_builtin_components().
+  std::function<void()> register_components;
+  std::vector<TinyArch> tiny_archs;
+};
+
+class FamilyRegistry {
+ public:
+  static void add(Family family);
+  // Every family, registering them on first use.
+  static const std::vector<Family>& all();
+  // Every tiny architecture of every family; `find_tiny_arch` errors list the known ones.
+  static std::vector<TinyArch> tiny_archs();
+  static const TinyArch& find_tiny_arch(const std::string& name);
 };
 
 class ModelRegistry {
  public:
-  // Every registered model, in registration order.
+  // Every registered model, in registration order (family by family).
   static const std::vector<ModelSpec>& all();
-  // By id or alias (case-sensitive, as xDiT); error lists the known ids.
+  // By id or alias, case-insensitively; the error lists the known ids and says when the name is
+  // one of the contract's models that is planned but not built yet.
   static const ModelSpec& find(const std::string& name);
   static const ModelSpec* find_or_null(const std::string& name);
+  // The model that runs the pipeline folder `dir` (model_index.json `_class_name`); the error
+  // names the folder, its class and the classes xfuser runs.
+  static const ModelSpec& for_pipeline_folder(const std::filesystem::path& dir);
 };
 
 }  // namespace xfuser::models

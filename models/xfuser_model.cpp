@@ -129,6 +129,7 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
            ": decode() produced no images");
   out.images = state->images;
   out.latents = state->latents;
+  out.initial_latents = state->initial_latents;
   out.total_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return out;
 }

@@ -49,6 +49,10 @@ struct GenerationRequest {
   // PipeFusion (pp > 1): image patches (0: the pp degree) and synchronous warm-up steps.
   int num_pipeline_patch = 0;
   int pipefusion_warmup_steps = 1;
+  // --latents: the initial latents in the layout the family's diffusers pipeline takes as its
+  // `latents` argument (FLUX: packed [B, N, 64]; SD3: [B, 16, h, w]); undefined: drawn from the
+  // seeds.
+  at::Tensor latents;
 };
 
 struct StageTiming {
@@ -60,6 +64,9 @@ struct StageTiming {
 struct GenerationOutput {
   at::Tensor images;   // uint8 [B, H, W, 3]
   at::Tensor latents;  // the final latents before decoding (model layout), for checks
+  // The initial latents the run started from, in GenerationRequest::latents' layout (so a run
+  // can be repeated, here or in diffusers, on the same noise).
+  at::Tensor initial_latents;
   std::vector<StageTiming> timings;
   double total_seconds = 0.0;
 };
@@ -117,8 +124,9 @@ class XFuserModel {
   struct State {
     virtual ~State() = default;
     GenerationRequest request;
-    at::Tensor images;   // uint8 [B, H, W, 3], set by decode()
-    at::Tensor latents;  // final latents, set by decode()
+    at::Tensor images;           // uint8 [B, H, W, 3], set by decode()
+    at::Tensor latents;          // final latents, set by decode()
+    at::Tensor initial_latents;  // set by prepare_latents()
   };
 
   virtual void load_components(const std::filesystem::path& pipeline_dir,

@@ -20,8 +20,7 @@
 #include <sys/resource.h>
 
 #include "backends/error.h"
-#include "models/flux/flux_pipefusion.h"
-#include "models/flux/tiny_flux.h"
+#include "models/dit/dit_pipefusion.h"
 #include "models/registry.h"
 #include "models/weights/hub_cache.h"
 #include "parallel/process_groups.h"
@@ -99,12 +98,16 @@ Runner::Runner(RunConfig config, std::shared_ptr<parallel::ProcessGroups> groups
 Runner::~Runner() = default;
 
 ResolvedArgs Runner::preprocess_args() const {
-  XF_CHECK(!config_.model.empty(), "--model is required (see `xfuser models` for the list)");
+  XF_CHECK(!config_.model.empty() || !config_.model_path.empty(),
+           "--model is required, or --model_path with a diffusers pipeline folder (see `xfuser "
+           "models` for the list)");
   validate_values(config_);
   ResolvedArgs args;
   args.config = config_;
   RunConfig& c = args.config;
-  args.spec = &models::ModelRegistry::find(c.model);
+  // --model_path alone: the folder's pipeline class (model_index.json) picks the model.
+  args.spec = c.model.empty() ? &models::ModelRegistry::for_pipeline_folder(c.model_path)
+                              : &models::ModelRegistry::find(c.model);
   const models::ModelSpec& spec = *args.spec;
 
   // Flags this model does not honour are errors, never silently ignored.
@@ -250,8 +253,8 @@ fs::path resolve_model_dir(const ResolvedArgs& args) {
   fs::path dir;
   if (!args.config.model_path.empty()) {
     dir = args.config.model_path;
-  } else if (spec.maturity == "embedded") {
-    dir = models::flux::ensure_tiny_flux(0);
+  } else if (spec.embedded_dir) {
+    dir = spec.embedded_dir();
   } else {
     XF_CHECK(!spec.hf_repo.empty(), "model ", spec.id,
              " has no Hugging Face repo: pass --model_path with its pipeline folder");
@@ -348,7 +351,7 @@ RunResult Runner::run(const ResolvedArgs& args) {
     spdlog::info("PipeFusion PSNR: generating the exact image ({} warm-up steps)",
                  exact.num_inference_steps);
     auto out = model_->generate(exact);
-    result.pipefusion_psnr = models::flux::image_psnr(result.images, out.images);
+    result.pipefusion_psnr = models::dit::image_psnr(result.images, out.images);
     spdlog::info("PipeFusion PSNR vs exact: {:.2f} dB ({} patches, {} warm-up step(s))",
                  *result.pipefusion_psnr,
                  args.config.num_pipeline_patch > 0 ? args.config.num_pipeline_patch

@@ -243,6 +243,9 @@ struct AttentionCall {
   int64_t text_tokens = 0;  // joint attention: tokens of the text stream in the sequence
   bool text_first = true;   // [text, image] (FLUX) or [image, text] (SD3, HunyuanVideo)
   at::Tensor mask;          // optional boolean mask, as backends::AttentionOptions::mask
+  // Cross-attention (Wan): q from the image tokens, k/v from the text only. Sequence-parallel
+  // drivers keep the text whole on every rank and run such calls locally.
+  bool cross = false;
 };
 
 using AttentionHook = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k,

@@ -77,6 +77,11 @@ class DiTTransformer : public Component {
   virtual int64_t num_blocks() const = 0;
   // Attention heads of the whole model (tensor parallel splits them by whole heads).
   virtual int64_t num_heads() const = 0;
+  // Width D of the activations between blocks (what a PipeFusion stage sends to the next).
+  virtual int64_t hidden_size() const = 0;
+  // Whether the activations entering block `block` are joined into one sequence (FLUX's single
+  // blocks); otherwise they are the image stream plus the text stream.
+  virtual bool joined_at(int64_t block) const { return false; }
   virtual TextAttention text_attention() const = 0;
   // Parameter count of each block (forward order) and of the parts outside the blocks
   // {embedders, conditioning, head}: PipeFusion balances its stages by them.
@@ -95,6 +100,11 @@ class DiTTransformer : public Component {
   virtual at::Tensor finalize(const DiTActivations& a) const = 0;  // [B, n, C_out]
   // embed -> the blocks held -> finalize.
   at::Tensor forward(const DiTInputs& in) const;
+
+  // `xfuser forward` under mpirun: call("forward")'s keyword inputs (diffusers' names) as token
+  // inputs (checked), and the token output [B, N, C_out] back as call("forward")'s outputs.
+  virtual DiTInputs parse_forward_inputs(const TensorMap& inputs) const = 0;
+  virtual TensorMap forward_outputs(const at::Tensor& tokens, const TensorMap& inputs) const = 0;
 
   // The part held, with block_end resolved.
   const DiTPart& part() const { return part_; }
@@ -124,8 +134,7 @@ class DiTTransformer : public Component {
 // Builds an unloaded transformer of `class_name` for a part and a tensor-parallel rank from its
 // parsed config.json.
 using DiTFactory = std::function<std::shared_ptr<DiTTransformer>(
-    const nlohmann::json& config, const std::string& config_path, DiTPart part,
-    TensorParallel tp)>;
+    const nlohmann::json& config, const std::string& config_path, DiTPart part, TensorParallel tp)>;
 
 // Class name ("FluxTransformer2DModel", "SD3Transformer2DModel") -> factory. Families register
 // their transformers here (and as components, through register_dit_component).

@@ -1,40 +1,14 @@
-// PipeFusion for FLUX (../shared/reference/xdit-parallel-spec.md section 3): the transformer's
-// blocks split into contiguous pipeline stages, one per rank of the pp group, and the image
-// tokens into patches (bands of token rows) that flow through the stages one after the other.
-//
-// Per denoising step i:
-//   - warm-up steps (i < warmup_steps): one patch = the whole image, so the step is exact;
-//   - later steps: M patches. Stage s runs its blocks on patch p while stage s+1 runs patch p-1.
-//     Each attention layer keeps a K/V buffer of ALL image tokens ([2, B, N, H, hd], K then V,
-//     natural token order); patch p writes its fresh K/V rows into it and attends to
-//     [its own fresh text K/V, the whole buffer]: patches < p are from this step, patches > p
-//     from the previous one ("stale"). Text K/V are never cached: the text stream travels with
-//     every patch through the stages and is recomputed for it.
-//   - stage 0 embeds the patch's latents (x_embedder, context_embedder) and sends [text, patch]
-//     activations [B, L + n, D] to stage 1 (isend, tag kPipeActivation); every later stage has
-//     posted the receives of all patches of the step at its start (prefetch);
-//   - the last stage runs norm_out/proj_out, the noise combination (CFG) and the scheduler step
-//     on the patch, and sends the new latent patch back to stage 0 (tag kPipeLatent) for the
-//     next step; after the last step it broadcasts the final latents over the pp group, so every
-//     rank holds them for decoding.
-// Inside a stage the patch's tokens are further split over the sp group (ulysses x ring ranks,
-// parallel/sequence_shard.h); an attention layer all-gathers the fresh K/V of the patch over the
-// sp group, so every sp rank holds the whole buffer (all heads) and attends its own queries.
-// With warmup_steps >= num_inference_steps (or one patch) the result equals the serial one.
+// PipeFusion for FLUX: the generic driver (models/dit/dit_pipefusion.h, which documents the
+// schedule) with FLUX's keyword inputs and block names.
 #pragma once
 
 #include <cstdint>
-#include <deque>
-#include <functional>
-#include <map>
-#include <memory>
-#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
+#include "models/dit/dit_pipefusion.h"
 #include "models/flux/flux_transformer.h"
-#include "parallel/communicator.h"
 
 namespace xfuser::parallel {
 class ProcessGroups;
@@ -42,83 +16,44 @@ class ProcessGroups;
 
 namespace xfuser::models::flux {
 
+using dit::balanced_stage_layers;
+using dit::image_psnr;
+using dit::pipefusion_patch_rows;
+using dit::pipefusion_stage_part;
+
 // Parameters of each transformer block in forward order (double blocks, then single blocks),
 // and of the parts outside the blocks: [embedders, time_text_embed, norm_out + proj_out].
 std::vector<int64_t> flux_block_parameters(const FluxConfig& config);
 std::vector<int64_t> flux_other_parameters(const FluxConfig& config);
 
-// The contiguous split of blocks with `costs` into `stages` stages (each >= 1 block) that
-// minimises the largest stage cost; `first_extra` / `last_extra` are added to the first / last
-// stage. Returns the block count per stage.
-std::vector<int64_t> balanced_stage_layers(const std::vector<int64_t>& costs, int stages,
-                                           int64_t first_extra = 0, int64_t last_extra = 0);
-
-// Blocks per stage: `explicit_counts` (--pipefusion_layers; each >= 1, summing to the model's
-// blocks, one per stage) or, when empty, balanced by parameters (the stage holding the most
-// weights decides whether the model fits; the FLUX double block holds 2.4x a single block's
-// parameters, so equal block counts would leave stage 0 with 2/3 of the weights at pp 2).
-// Errors name the flag, the counts and the model's block total.
+// dit::pipefusion_stage_layers for a FLUX config (the FLUX double block holds 2.4x a single
+// block's parameters, so equal block counts would leave stage 0 with 2/3 of the weights at pp 2).
 std::vector<int64_t> pipefusion_stage_layers(const FluxConfig& config, int stages,
                                              const std::vector<int64_t>& explicit_counts);
 
-// The model part stage `stage` holds: its block range; stage 0 also the embedders, the last
-// stage norm_out/proj_out.
-FluxModelPart pipefusion_stage_part(const std::vector<int64_t>& stage_layers, int stage);
-
-// [begin, end) token-row ranges of `patches` contiguous patches over `rows` rows (balanced: the
-// first rows % patches patches get one more row). Requires 1 <= patches <= rows.
-std::vector<std::pair<int64_t, int64_t>> pipefusion_patch_rows(int64_t rows, int patches);
-
-// PSNR in dB of two uint8 images (any equal shapes): 10 log10(255^2 / MSE); +inf if equal.
-double image_psnr(const at::Tensor& a, const at::Tensor& b);
-
+// dit::PipeFusion on FLUX's keyword inputs.
 class FluxPipeFusion {
  public:
-  // Model output of one patch [B', n, C] (B' = the model batch) -> noise prediction [B, n, C]
-  // for the latents (true CFG combination, over the cfg group with CFG parallel).
-  using CombineFn = std::function<at::Tensor(const at::Tensor& model_output)>;
-  // (noise prediction [B, n, C], latents [B, n, C]) -> the next latents of the patch.
-  using StepFn = std::function<at::Tensor(const at::Tensor& noise, const at::Tensor& latents)>;
+  using CombineFn = dit::PipeFusion::CombineFn;
+  using StepFn = dit::PipeFusion::StepFn;
 
-  // `model` holds this rank's stage (pipefusion_stage_part); the image is token_rows x
-  // token_cols tokens. patches: 1 <= patches <= token_rows; warmup_steps >= 1 when patches > 1.
   FluxPipeFusion(FluxTransformer2DModel& model, const parallel::ProcessGroups& groups,
                  int64_t token_rows, int64_t token_cols, int patches, int warmup_steps,
-                 int num_steps);
-  ~FluxPipeFusion();
-  FluxPipeFusion(const FluxPipeFusion&) = delete;
-  FluxPipeFusion& operator=(const FluxPipeFusion&) = delete;
+                 int num_steps)
+      : pipe_(model, groups, token_rows, token_cols, patches, warmup_steps, num_steps) {}
 
-  // Denoising step `index` on this rank's stage. `in`: the model inputs of the whole image with
-  // the model batch B' = branches * B (hidden_states unused: the patches come from `latents`,
-  // repeated `branches` times along the batch). `latents` [B, N, C]: read by stage 0, updated
-  // by the last stage; after the last step every rank holds the final latents.
+  // `in`: the model inputs of the whole image (hidden_states unused, see dit::PipeFusion::step).
   void step(int index, const FluxInputs& in, int branches, const CombineFn& combine,
-            const StepFn& step_fn, at::Tensor& latents);
+            const StepFn& step_fn, at::Tensor& latents) {
+    pipe_.step(index, FluxTransformer2DModel::to_dit(in), branches, combine, step_fn, latents);
+  }
 
-  int patches() const { return patches_; }
-  int warmup_steps() const { return warmup_steps_; }
-  int stage() const { return stage_; }
+  int patches() const { return pipe_.patches(); }
+  int warmup_steps() const { return pipe_.warmup_steps(); }
+  int stage() const { return pipe_.stage(); }
 
  private:
-  struct Patch;
-  struct Pending {
-    int64_t begin = 0, end = 0;  // token range
-    at::Tensor buffer;
-    std::unique_ptr<parallel::Work> work;
-  };
-  at::Tensor attend(const Patch& patch, const at::Tensor& q, const at::Tensor& k,
-                    const at::Tensor& v, const AttentionCall& call);
-  void wait_sends();
-
-  FluxTransformer2DModel& model_;
-  const parallel::ProcessGroups& groups_;
-  int64_t rows_, cols_;
-  int patches_, warmup_steps_, num_steps_;
-  int stage_, stages_;
-  std::map<int64_t, at::Tensor> kv_;  // layer -> [2, B', N, H, hd]
-  std::deque<Pending> latents_in_;    // stage 0: latent patches of the previous step
-  std::vector<Pending> sends_;        // pending isends of this step
+  dit::PipeFusion pipe_;
 };
 
 }  // namespace xfuser::models::flux

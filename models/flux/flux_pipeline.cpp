@@ -22,7 +22,7 @@
 namespace xfuser::models::flux {
 namespace fs = std::filesystem;
 
-struct FluxModel::FluxState : State {
+struct FluxModel::FluxState : DiTState {
   std::unique_ptr<schedulers::FlowMatchEulerDiscreteScheduler> scheduler;
   at::Tensor prompt_embeds;           // [B, L, joint_attention_dim]
   at::Tensor pooled_prompt_embeds;    // [B, pooled_projection_dim]
@@ -30,15 +30,14 @@ struct FluxModel::FluxState : State {
   at::Tensor negative_pooled_prompt_embeds;
   at::Tensor text_ids;   // [L, 3]
   at::Tensor image_ids;  // [N, 3]
-  at::Tensor latents;    // packed [B, N, 64]
+  // DiTState::tokens: the packed latents [B, N, 64]
   at::Tensor guidance;   // [B] float32, or undefined
   int64_t latent_h = 0;  // unpacked latent height (2 * (H // 16))
   int64_t latent_w = 0;
   bool do_true_cfg = false;
-  std::unique_ptr<FluxPipeFusion> pipefusion;  // pp > 1
 };
 
-FluxModel::FluxModel(const ModelSpec& spec) : XFuserModel(spec) {}
+FluxModel::FluxModel(const ModelSpec& spec) : DiTPipeline(spec) {}
 FluxModel::~FluxModel() = default;
 
 at::Tensor FluxModel::pack_latents(const at::Tensor& latents) {
@@ -89,16 +88,11 @@ void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& opt
   tokenizer_ = tokenizers::load_tokenizer(dir / "tokenizer");
   tokenizer_2_ = tokenizers::load_tokenizer(dir / "tokenizer_2");
 
-  const auto& groups = process_groups();
-  if (groups && groups->config().pp() > 1) {
-    XF_CHECK(groups->config().tp() == 1,
-             "--pipefusion_parallel_degree with --tensor_parallel_degree is not supported yet (",
-             groups->config().to_string(), "): use one of them");
-    load_pipefusion_stage(dir, options);
-  } else {
-    // Under tensor parallelism each rank reads only its slices of the transformer's weights.
-    transformer_ = load_flux_transformer((dir / "transformer").string(), dtype_, groups.get());
-  }
+  // This rank's part: tensor-parallel slices, or its PipeFusion stage's blocks.
+  load_transformer(dir / "transformer", options, "FluxTransformer2DModel");
+  flux_transformer_ = dynamic_cast<FluxTransformer2DModel*>(transformer_.get());
+  XF_CHECK(flux_transformer_ != nullptr, (dir / "transformer").string(),
+           " did not load as a FluxTransformer2DModel");
   text_encoder_ = load_component((dir / "text_encoder").string(), dtype_);
   text_encoder_2_ = load_component((dir / "text_encoder_2").string(), dtype_);
   auto vae = load_component((dir / "vae").string(), dtype_);
@@ -111,26 +105,8 @@ void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& opt
   vae_->enable_tiling(options.enable_tiling);
   vae_->enable_slicing(options.enable_slicing);
   vae_scale_factor_ = 1 << (vae_->config().block_out_channels.size() - 1);
-  XF_CHECK(transformer_->config().in_channels % 4 == 0, "FLUX transformer in_channels ",
-           transformer_->config().in_channels, " is not a multiple of 4");
-}
-
-void FluxModel::load_pipefusion_stage(const fs::path& dir, const ModelLoadOptions& options) {
-  const auto& groups = *process_groups();
-  ComponentFolder folder = open_component_folder((dir / "transformer").string());
-  XF_CONTEXT("loading PipeFusion stage ", groups.coords().pp, " of ", folder.class_name, " from ",
-             folder.dir);
-  XF_CHECK(folder.class_name == "FluxTransformer2DModel", folder.dir, " holds a ",
-           folder.class_name, ", expected FluxTransformer2DModel");
-  auto config = FluxConfig::from_json(folder.config, folder.config_path);
-  const auto layers =
-      pipefusion_stage_layers(config, groups.config().pp(), options.pipefusion_layers);
-  transformer_ = std::make_shared<FluxTransformer2DModel>(
-      config, pipefusion_stage_part(layers, groups.coords().pp));
-  // Only this stage's tensors are read from the (memory-mapped) checkpoint.
-  LoadOptions load;
-  load.allow_unexpected = true;
-  transformer_->load(*folder.weights, dtype_, "", load);
+  XF_CHECK(flux_transformer_->config().in_channels % 4 == 0, "FLUX transformer in_channels ",
+           flux_transformer_->config().in_channels, " is not a multiple of 4");
 }
 
 std::unique_ptr<XFuserModel::State> FluxModel::begin(const GenerationRequest& request) {
@@ -151,15 +127,7 @@ std::unique_ptr<XFuserModel::State> FluxModel::begin(const GenerationRequest& re
   XF_CHECK(!groups || groups->config().cfg() == 1 || state->do_true_cfg,
            "--use_cfg_parallel needs true CFG: give --negative_prompt and --true_cfg_scale > 1 ",
            "(FLUX.1's --guidance_scale is distilled guidance, one forward per step)");
-  if (groups && groups->config().pp() > 1) {
-    // Fail before any compute: patches within the latent token rows, warm-up >= 1.
-    const int patches =
-        request.num_pipeline_patch > 0 ? request.num_pipeline_patch : groups->config().pp();
-    pipefusion_patch_rows(request.height / multiple, patches);
-    XF_CHECK(patches == 1 || request.pipefusion_warmup_steps >= 1,
-             "--pipefusion_warmup_steps must be >= 1 with ", patches,
-             " pipeline patches (the warm-up fills the stale K/V buffers)");
-  }
+  check_layout(request, state->do_true_cfg, request.height / multiple);
   state->scheduler = std::make_unique<schedulers::FlowMatchEulerDiscreteScheduler>(
       schedulers::FlowMatchEulerConfig::from_file(scheduler_config_));
   return state;
@@ -200,18 +168,22 @@ void FluxModel::encode_prompt(State& base) {
 void FluxModel::prepare_latents(State& base) {
   auto& s = static_cast<FluxState&>(base);
   const auto& req = s.request;
-  const int64_t channels = transformer_->config().in_channels / 4;
+  const int64_t channels = flux_transformer_->config().in_channels / 4;
   s.latent_h = 2 * (req.height / (vae_scale_factor_ * 2));
   s.latent_w = 2 * (req.width / (vae_scale_factor_ * 2));
-  // One CPU generator per prompt, as diffusers' randn_tensor with a list of generators: the
-  // noise of prompt i depends only on its seed, on every rank and at any batch size.
-  std::vector<at::Tensor> noise;
-  for (int64_t seed : req.seeds) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
-    noise.push_back(
-        at::randn({1, channels, s.latent_h, s.latent_w}, gen, at::TensorOptions().dtype(dtype_)));
+  // FluxPipeline's `latents` argument is the packed form [B, (h/2)(w/2), 4C].
+  const int64_t tokens = (s.latent_h / 2) * (s.latent_w / 2);
+  const int64_t b = static_cast<int64_t>(req.seeds.size());
+  const auto options = at::TensorOptions().dtype(dtype_);
+  if (req.latents.defined()) {
+    s.tokens = initial_noise(req, {b, tokens, channels * 4}, options,
+                             "FluxPipeline latents: packed [B, (h/2)(w/2), 4C]");
+  } else {
+    // Seeded noise in the unpacked layout [B, C, h, w], as diffusers draws it, then packed.
+    s.tokens = pack_latents(
+        initial_noise(req, {b, channels, s.latent_h, s.latent_w}, options, "[B, C, h, w]"));
   }
-  s.latents = pack_latents(at::cat(noise, 0));
+  s.initial_latents = s.tokens;
   s.image_ids = latent_image_ids(s.latent_h / 2, s.latent_w / 2, dtype_);
 
   const int64_t n = req.num_inference_steps;
@@ -220,123 +192,49 @@ void FluxModel::prepare_latents(State& base) {
     // np.linspace(1.0, 1 / n, n)
     sigmas[i] = n == 1 ? 1.0 : 1.0 + (1.0 / n - 1.0) * static_cast<double>(i) / (n - 1);
   }
-  const double mu = s.scheduler->calculate_shift(s.latents.size(1));
+  const double mu = s.scheduler->calculate_shift(s.tokens.size(1));
   s.scheduler->set_timesteps(n, sigmas, mu);
-  if (transformer_->config().guidance_embeds) {
-    s.guidance = at::full({s.latents.size(0)}, req.guidance_scale, at::kFloat);
+  if (flux_transformer_->config().guidance_embeds) {
+    s.guidance = at::full({s.tokens.size(0)}, req.guidance_scale, at::kFloat);
   }
-  const auto& groups = process_groups();
-  if (groups && groups->config().pp() > 1) {
-    const int patches = req.num_pipeline_patch > 0 ? req.num_pipeline_patch : groups->config().pp();
-    s.pipefusion =
-        std::make_unique<FluxPipeFusion>(*transformer_, *groups, s.latent_h / 2, s.latent_w / 2,
-                                         patches, req.pipefusion_warmup_steps, n);
-  }
+  start_pipefusion(s, s.latent_h / 2, s.latent_w / 2, static_cast<int>(n));
 }
 
 int FluxModel::num_steps(const State& base) const {
   return static_cast<int>(static_cast<const FluxState&>(base).scheduler->num_inference_steps());
 }
 
-at::Tensor FluxModel::transformer_forward(const FluxInputs& full) {
-  const auto& groups = process_groups();
-  if (!groups) return transformer_->forward(full);
-  return sequence_parallel_forward(*transformer_, full, *groups);
-}
-
-void FluxModel::pipefusion_step(FluxState& s, int index) {
-  const auto& groups = *process_groups();
-  const int64_t b = s.latents.size(0);
-  const float t = s.scheduler->timesteps()[index].item<float>();
-  FluxInputs in;
-  in.encoder_hidden_states = s.prompt_embeds;
-  in.pooled_projections = s.pooled_prompt_embeds;
-  in.img_ids = s.image_ids;
-  in.txt_ids = s.text_ids;
-  in.guidance = s.guidance;
-  int branches = 1;
-  FluxPipeFusion::CombineFn combine = [](const at::Tensor& out) { return out; };
-  const double scale = s.request.true_cfg_scale;
-  if (s.do_true_cfg && groups.config().cfg() == 2) {
-    // CFG parallel: cfg rank 0 the negative branch; the last stages combine per patch.
-    if (groups.coords().cfg == 0) {
-      in.encoder_hidden_states = s.negative_prompt_embeds;
-      in.pooled_projections = s.negative_pooled_prompt_embeds;
-    }
-    combine = [&groups, b, scale](const at::Tensor& out) {
-      at::Tensor both = groups.cfg().all_gather(out.contiguous(), 0);  // [neg; pos]
-      at::Tensor neg = both.narrow(0, 0, b);
-      return neg + scale * (both.narrow(0, b, b) - neg);
-    };
-  } else if (s.do_true_cfg) {
-    // True CFG on one replica: both branches in one batch [neg; pos] through the pipeline.
-    branches = 2;
-    in.encoder_hidden_states = at::cat({s.negative_prompt_embeds, s.prompt_embeds}, 0);
-    in.pooled_projections = at::cat({s.negative_pooled_prompt_embeds, s.pooled_prompt_embeds}, 0);
-    if (in.guidance.defined()) in.guidance = in.guidance.repeat({2});
-    combine = [b, scale](const at::Tensor& out) {
-      at::Tensor neg = out.narrow(0, 0, b);
-      return neg + scale * (out.narrow(0, b, b) - neg);
-    };
-  }
-  in.timestep = at::full({branches * b}, t, at::kFloat).to(s.latents.scalar_type()) / 1000;
-  const auto latents_dtype = s.latents.scalar_type();
-  FluxPipeFusion::StepFn step_fn = [&s, index, latents_dtype](const at::Tensor& noise,
-                                                              const at::Tensor& latents) {
-    return s.scheduler->step(noise, index, latents).to(latents_dtype);
-  };
-  s.pipefusion->step(index, in, branches, combine, step_fn, s.latents);
-}
-
 void FluxModel::denoise_step(State& base, int index) {
   auto& s = static_cast<FluxState&>(base);
-  if (s.pipefusion) {
-    pipefusion_step(s, index);
-    return;
-  }
-  const int64_t b = s.latents.size(0);
+  const int64_t b = s.tokens.size(0);
   const float t = s.scheduler->timesteps()[index].item<float>();
   // timestep = t.expand(B).to(latents.dtype) / 1000
-  at::Tensor timestep = at::full({b}, t, at::kFloat).to(s.latents.scalar_type()) / 1000;
   FluxInputs in;
-  in.hidden_states = s.latents;
   in.encoder_hidden_states = s.prompt_embeds;
   in.pooled_projections = s.pooled_prompt_embeds;
-  in.timestep = timestep;
+  in.timestep = at::full({b}, t, at::kFloat).to(s.tokens.scalar_type()) / 1000;
   in.img_ids = s.image_ids;
   in.txt_ids = s.text_ids;
   in.guidance = s.guidance;
-  at::Tensor noise_pred;
-  const auto& groups = process_groups();
-  if (s.do_true_cfg && groups && groups->config().cfg() == 2) {
-    // CFG parallel: cfg rank 0 runs the negative branch, rank 1 the positive one; every rank
-    // combines the gathered predictions and steps the scheduler identically.
-    if (groups->coords().cfg == 0) {
-      in.encoder_hidden_states = s.negative_prompt_embeds;
-      in.pooled_projections = s.negative_pooled_prompt_embeds;
-    }
-    at::Tensor mine = transformer_forward(in).contiguous();
-    at::Tensor both = groups->cfg().all_gather(mine, 0);  // [neg; pos]
-    at::Tensor neg = both.narrow(0, 0, b);
-    at::Tensor pos = both.narrow(0, b, b);
-    noise_pred = neg + s.request.true_cfg_scale * (pos - neg);
-  } else {
-    noise_pred = transformer_forward(in);
-    if (s.do_true_cfg) {
-      in.encoder_hidden_states = s.negative_prompt_embeds;
-      in.pooled_projections = s.negative_pooled_prompt_embeds;
-      at::Tensor neg = transformer_forward(in);
-      noise_pred = neg + s.request.true_cfg_scale * (noise_pred - neg);
-    }
+  dit::DiTInputs positive = FluxTransformer2DModel::to_dit(in);
+  dit::DiTInputs negative = positive;
+  if (s.do_true_cfg) {
+    negative.text = s.negative_prompt_embeds;
+    negative.pooled = s.negative_pooled_prompt_embeds;
   }
-  const auto latents_dtype = s.latents.scalar_type();
-  s.latents = s.scheduler->step(noise_pred, index, s.latents).to(latents_dtype);
+  const auto latents_dtype = s.tokens.scalar_type();
+  auto step = [&s, index, latents_dtype](const at::Tensor& noise, const at::Tensor& latents) {
+    return s.scheduler->step(noise, index, latents).to(latents_dtype);
+  };
+  // True CFG runs the two branches one after the other, as FluxPipeline does.
+  denoise(s, index, positive, s.do_true_cfg ? &negative : nullptr, s.request.true_cfg_scale,
+          /*batched_cfg=*/false, step);
 }
 
 void FluxModel::decode(State& base) {
   auto& s = static_cast<FluxState&>(base);
-  s.State::latents = s.latents;
-  at::Tensor latents = unpack_latents(s.latents, s.latent_h, s.latent_w);
+  s.latents = s.tokens;
+  at::Tensor latents = unpack_latents(s.tokens, s.latent_h, s.latent_w);
   const auto& cfg = vae_->config();
   latents = latents / cfg.scaling_factor + cfg.shift_factor.value_or(0.0);
   // [B, 3, H, W] in [-1, 1]; with --use_parallel_vae in bands over the ranks of this replica

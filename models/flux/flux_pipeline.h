@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "models/dit/dit_pipeline.h"
 #include "models/registry.h"
 #include "models/xfuser_model.h"
 
@@ -30,12 +31,12 @@ namespace xfuser::models::flux {
 class FluxTransformer2DModel;
 struct FluxInputs;
 
-class FluxModel : public XFuserModel {
+class FluxModel : public dit::DiTPipeline {
  public:
   explicit FluxModel(const ModelSpec& spec);
   ~FluxModel() override;
 
-  FluxTransformer2DModel& transformer() { return *transformer_; }
+  FluxTransformer2DModel& transformer() { return *flux_transformer_; }
   // 2 ** (len(vae.block_out_channels) - 1), as diffusers computes it.
   int vae_scale_factor() const { return vae_scale_factor_; }
 
@@ -56,23 +57,15 @@ class FluxModel : public XFuserModel {
 
  private:
   struct FluxState;
-  // The transformer on the whole (global) inputs; under sequence parallelism each rank computes
-  // its chunk with USP attention and the output is gathered, so the result is the same.
-  at::Tensor transformer_forward(const FluxInputs& in);
   // (T5 last_hidden_state [B, L, 4096], CLIP pooled [B, 768]) for `prompts`.
   std::pair<at::Tensor, at::Tensor> embed_prompts(const std::vector<std::string>& prompts,
                                                   int max_sequence_length) const;
 
-  // PipeFusion (pp > 1): the transformer blocks of this rank's stage and the noise prediction
-  // pipeline (models/flux/flux_pipefusion.h).
-  void load_pipefusion_stage(const std::filesystem::path& dir, const ModelLoadOptions& options);
-  void pipefusion_step(FluxState& state, int index);
-
   c10::ScalarType dtype_ = c10::kFloat;
   int vae_scale_factor_ = 8;
-  std::shared_ptr<FluxTransformer2DModel> transformer_;
-  std::shared_ptr<Component> text_encoder_;    // CLIPTextModel
-  std::shared_ptr<Component> text_encoder_2_;  // T5EncoderModel
+  FluxTransformer2DModel* flux_transformer_ = nullptr;  // transformer_ (DiTPipeline), typed
+  std::shared_ptr<Component> text_encoder_;             // CLIPTextModel
+  std::shared_ptr<Component> text_encoder_2_;           // T5EncoderModel
   std::shared_ptr<vae::AutoencoderKL> vae_;
   std::unique_ptr<tokenizers::Tokenizer> tokenizer_;
   std::unique_ptr<tokenizers::Tokenizer> tokenizer_2_;

@@ -8,6 +8,7 @@
 
 #include "backends/error.h"
 #include "models/common/kernels.h"
+#include "models/dit/dit_pipefusion.h"
 #include "profiling/trace.h"
 
 namespace xfuser::models::flux {
@@ -202,7 +203,7 @@ class FluxSingleTransformerBlock : public Module {
 
 FluxTransformer2DModel::FluxTransformer2DModel(FluxConfig config, FluxModelPart part,
                                                TensorParallel tp)
-    : config_(std::move(config)), part_(part), tp_(tp) {
+    : DiTTransformer(part, tp), config_(std::move(config)) {
   config_.validate("FluxTransformer2DModel config");
   const int64_t total = config_.num_layers + config_.num_single_layers;
   if (part_.block_end < 0) part_.block_end = total;
@@ -357,12 +358,6 @@ void FluxTransformer2DModel::check_inputs(const FluxInputs& in) const {
   }
 }
 
-at::Tensor FluxTransformer2DModel::attend(const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v, const AttentionCall& call) const {
-  XF_SPAN("attention", "attention");
-  return attention_hook_ ? attention_hook_(q, k, v, call) : local_attention(q, k, v, call);
-}
-
 FluxState FluxTransformer2DModel::embed(const FluxInputs& in) const {
   XF_CONTEXT("FluxTransformer2DModel.embed");
   const auto dtype = this->dtype();
@@ -404,7 +399,7 @@ void FluxTransformer2DModel::run_double_blocks(FluxState& st, int64_t begin, int
     span.arg("index", i);
     XF_CHECK(blocks_[i], "transformer_blocks.", i, " is not held by this model part (blocks [",
              part_.block_begin, ", ", part_.block_end, "))");
-    blocks_[i]->forward(st.hidden, st.context, st.temb, st.rope, attend, i, tp_ops_);
+    blocks_[i]->forward(st.hidden, st.context, st.temb, st.rope, attend, i, tp_ops());
   }
 }
 
@@ -428,7 +423,7 @@ void FluxTransformer2DModel::run_single_blocks(FluxState& st, int64_t begin, int
              " is not held by this model part (blocks [", part_.block_begin, ", ", part_.block_end,
              "))");
     st.hidden = single_blocks_[i]->forward(st.hidden, st.temb, st.rope, attend,
-                                           config_.num_layers + i, st.text_tokens, tp_ops_);
+                                           config_.num_layers + i, st.text_tokens, tp_ops());
   }
 }
 
@@ -447,6 +442,57 @@ at::Tensor FluxTransformer2DModel::forward(const FluxInputs& in) const {
   return finalize(st);
 }
 
+void FluxTransformer2DModel::run_blocks(dit::DiTActivations& a, int64_t begin, int64_t end) const {
+  const int64_t doubles = config_.num_layers;
+  XF_CHECK(0 <= begin && begin <= end && end <= num_blocks(), "run_blocks: range [", begin, ", ",
+           end, ") is outside the ", num_blocks(), " blocks (", doubles, " double + ",
+           config_.num_single_layers, " single)");
+  run_double_blocks(a, std::min(begin, doubles), std::min(end, doubles));
+  run_single_blocks(a, std::max(begin, doubles) - doubles, std::max(end, doubles) - doubles);
+}
+
+std::vector<int64_t> FluxTransformer2DModel::block_parameters() const {
+  // A whole model of the same config declares every block (shapes only, nothing allocated).
+  const FluxTransformer2DModel whole(config_);
+  return dit::parameters_per_block(whole,
+                                   {{"transformer_blocks.", config_.num_layers},
+                                    {"single_transformer_blocks.", config_.num_single_layers}});
+}
+
+std::vector<int64_t> FluxTransformer2DModel::other_parameters() const {
+  const FluxTransformer2DModel whole(config_);
+  return {dit::parameters_with_prefix(whole, {"x_embedder.", "context_embedder."}),
+          dit::parameters_with_prefix(whole, {"time_text_embed."}),
+          dit::parameters_with_prefix(whole, {"norm_out.", "proj_out."})};
+}
+
+dit::DiTInputs FluxTransformer2DModel::to_dit(const FluxInputs& in) {
+  auto first = [](const at::Tensor& ids) {
+    return ids.defined() && ids.dim() == 3 ? ids[0] : ids;  // deprecated [B', S, axes]
+  };
+  dit::DiTInputs out;
+  out.tokens = in.hidden_states;
+  out.token_ids = first(in.img_ids);
+  out.text = in.encoder_hidden_states;
+  out.text_ids = first(in.txt_ids);
+  out.pooled = in.pooled_projections;
+  out.timestep = in.timestep;
+  out.guidance = in.guidance;
+  return out;
+}
+
+FluxInputs FluxTransformer2DModel::from_dit(const dit::DiTInputs& in) {
+  FluxInputs out;
+  out.hidden_states = in.tokens;
+  out.img_ids = in.token_ids;
+  out.encoder_hidden_states = in.text;
+  out.txt_ids = in.text_ids;
+  out.pooled_projections = in.pooled;
+  out.timestep = in.timestep;
+  out.guidance = in.guidance;
+  return out;
+}
+
 TensorMap FluxTransformer2DModel::call(const std::string& method, const TensorMap& inputs) {
   XF_CHECK(method == "forward", "FluxTransformer2DModel has no method '", method,
            "' (methods: forward)");
@@ -456,6 +502,13 @@ TensorMap FluxTransformer2DModel::call(const std::string& method, const TensorMa
 std::shared_ptr<Component> make_flux_transformer(const nlohmann::json& config,
                                                  const std::string& config_path) {
   return std::make_shared<FluxTransformer2DModel>(FluxConfig::from_json(config, config_path));
+}
+
+std::shared_ptr<dit::DiTTransformer> make_flux_dit(const nlohmann::json& config,
+                                                   const std::string& config_path,
+                                                   dit::DiTPart part, TensorParallel tp) {
+  return std::make_shared<FluxTransformer2DModel>(FluxConfig::from_json(config, config_path), part,
+                                                  tp);
 }
 
 }  // namespace xfuser::models::flux

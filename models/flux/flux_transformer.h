@@ -17,6 +17,7 @@
 #include "models/common/component.h"
 #include "models/common/layers.h"
 #include "models/common/tensor_parallel.h"
+#include "models/dit/dit.h"
 #include "models/flux/flux_config.h"
 
 namespace xfuser::models::flux {
@@ -32,17 +33,10 @@ struct FluxInputs {
   at::Tensor guidance;               // [B] or [1]; required with guidance_embeds, else ignored
 };
 
-// The activations between stages of the forward.
-struct FluxState {
-  // Image stream [B, N, D] during the double blocks; the joint [text, image] sequence
-  // [B, L + N, D] once `joined` (the single blocks).
-  at::Tensor hidden;
-  at::Tensor context;       // [B, L, D] text stream; undefined once joined
-  at::Tensor temb;          // [B, D] conditioning
-  RotaryTables rope;        // [L + N, hd] float32, rows in [text, image] order
-  int64_t text_tokens = 0;  // L
-  bool joined = false;
-};
+// The activations between stages of the forward (models/dit/dit.h): the image stream [B, N, D]
+// during the double blocks, the joint [text, image] sequence [B, L + N, D] once `joined` (the
+// single blocks); RoPE tables [L + N, hd] rows in [text, image] order.
+using FluxState = dit::DiTActivations;
 
 class FluxTransformerBlock;
 class FluxSingleTransformerBlock;
@@ -51,14 +45,9 @@ class FluxSingleTransformerBlock;
 // Blocks are counted in forward order: double blocks 0..num_layers-1, then single blocks.
 // time_text_embed is always held (every stage needs temb); parameters of the parts not held are
 // not declared, so load() with LoadOptions::allow_unexpected reads only this part's tensors.
-struct FluxModelPart {
-  int64_t block_begin = 0;
-  int64_t block_end = -1;  // one past the last block; -1: through the last block
-  bool embedders = true;   // x_embedder, context_embedder
-  bool head = true;        // norm_out, proj_out
-};
+using FluxModelPart = dit::DiTPart;
 
-class FluxTransformer2DModel : public Component {
+class FluxTransformer2DModel : public dit::DiTTransformer {
  public:
   // `part`: the blocks this instance holds (a PipeFusion stage; default the whole model).
   // With `tp` of size n > 1 this rank holds heads [r*H/n, (r+1)*H/n) and its slices of every
@@ -74,17 +63,36 @@ class FluxTransformer2DModel : public Component {
   TensorMap call(const std::string& method, const TensorMap& inputs) override;
 
   const FluxConfig& config() const { return config_; }
-  // The part held, with block_end resolved.
-  const FluxModelPart& part() const { return part_; }
   // Dtype of the loaded parameters (the compute dtype); an error before loading.
-  c10::ScalarType dtype() const;
+  c10::ScalarType dtype() const override;
 
-  // Routes every attention call; an empty hook restores the local backends op.
-  // Layer indices: double block i -> i, single block j -> num_layers + j.
-  void set_attention_hook(AttentionHook hook) { attention_hook_ = std::move(hook); }
-  // The collectives of the tensor-parallel group (unused at degree 1).
-  void set_tensor_parallel_ops(TensorParallelOps ops) { tp_ops_ = std::move(ops); }
-  const TensorParallel& tensor_parallel() const { return tp_; }
+  // The DiT interface (models/dit/dit.h). Attention layer indices: double block i -> i, single
+  // block j -> num_layers + j.
+  int64_t num_blocks() const override { return config_.num_layers + config_.num_single_layers; }
+  int64_t num_heads() const override { return config_.num_attention_heads; }
+  int64_t hidden_size() const override { return config_.inner_dim(); }
+  bool joined_at(int64_t block) const override { return block >= config_.num_layers; }
+  dit::TextAttention text_attention() const override { return dit::TextAttention::kJointTextFirst; }
+  std::vector<int64_t> block_parameters() const override;
+  // {x_embedder + context_embedder, time_text_embed, norm_out + proj_out}
+  std::vector<int64_t> other_parameters() const override;
+  void check_inputs(const dit::DiTInputs& in) const override { check_inputs(from_dit(in)); }
+  dit::DiTActivations embed(const dit::DiTInputs& in) const override { return embed(from_dit(in)); }
+  // Blocks [begin, end) in forward order (double, then single).
+  void run_blocks(dit::DiTActivations& a, int64_t begin, int64_t end) const override;
+  using dit::DiTTransformer::forward;
+  dit::DiTInputs parse_forward_inputs(const TensorMap& inputs) const override {
+    return to_dit(parse_inputs(inputs));
+  }
+  TensorMap forward_outputs(const at::Tensor& tokens, const TensorMap&) const override {
+    return {{"sample", tokens}};
+  }
+
+  // FLUX's keyword inputs <-> the DiT token inputs (tokens = hidden_states, token_ids = img_ids,
+  // text = encoder_hidden_states, text_ids = txt_ids, pooled = pooled_projections; deprecated
+  // 3-D ids take their first row).
+  static dit::DiTInputs to_dit(const FluxInputs& in);
+  static FluxInputs from_dit(const dit::DiTInputs& in);
 
   // Input names call("forward") accepts, in diffusers' order.
   static const std::vector<std::string>& input_names();
@@ -98,19 +106,12 @@ class FluxTransformer2DModel : public Component {
   FluxState embed(const FluxInputs& in) const;
   void run_double_blocks(FluxState& state, int64_t begin, int64_t end) const;
   void run_single_blocks(FluxState& state, int64_t begin, int64_t end) const;
-  at::Tensor finalize(const FluxState& state) const;  // [B, N, patch^2 * out_channels]
+  at::Tensor finalize(const FluxState& state) const override;  // [B, N, patch^2 * out_channels]
   // embed -> all blocks -> finalize.
   at::Tensor forward(const FluxInputs& in) const;
 
  private:
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const AttentionCall& call) const;
-
   FluxConfig config_;
-  FluxModelPart part_;
-  TensorParallel tp_;
-  TensorParallelOps tp_ops_;
-  AttentionHook attention_hook_;
   std::shared_ptr<Linear> x_embedder_, context_embedder_, proj_out_;
   std::shared_ptr<TimestepEmbedding> timestep_embedder_, guidance_embedder_;
   std::shared_ptr<PixArtAlphaTextProjection> text_embedder_;
@@ -122,5 +123,9 @@ class FluxTransformer2DModel : public Component {
 // Factory for the ComponentRegistry: FluxConfig::from_json(config) -> an unloaded model.
 std::shared_ptr<Component> make_flux_transformer(const nlohmann::json& config,
                                                  const std::string& config_path);
+// Factory for the DiTRegistry (a part and a tensor-parallel rank).
+std::shared_ptr<dit::DiTTransformer> make_flux_dit(const nlohmann::json& config,
+                                                   const std::string& config_path,
+                                                   dit::DiTPart part, TensorParallel tp);
 
 }  // namespace xfuser::models::flux

@@ -20,8 +20,7 @@
 #include "backends/error.h"
 #include "models/common/component.h"
 #include "models/common/layers.h"
-#include "models/flux/flux_parallel.h"
-#include "models/flux/flux_transformer.h"
+#include "models/dit/dit_parallel.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/safetensors.h"
 #include "parallel/mpi_communicator.h"
@@ -94,7 +93,7 @@ void run_forward(const ForwardOptions& opts) {
   models::register_builtin_components();
   std::shared_ptr<models::Component> component;
   if (groups && groups->config().tp() > 1) {
-    component = models::flux::load_flux_transformer(opts.model_dir, dtype, groups.get());
+    component = models::dit::load_dit_transformer(opts.model_dir, dtype, groups.get());
   } else {
     component = models::load_component(opts.model_dir, dtype);
   }
@@ -119,14 +118,18 @@ void run_forward(const ForwardOptions& opts) {
 
   models::TensorMap outputs;
   if (groups) {
-    auto* flux = dynamic_cast<models::flux::FluxTransformer2DModel*>(component.get());
-    XF_CHECK(
-        flux != nullptr && opts.method == "forward",
-        "--ulysses_degree / --ring_degree / --tensor_parallel_degree: parallel forward supports "
-        "FluxTransformer2DModel.forward, not ",
-        component->class_name(), ".", opts.method);
-    outputs["sample"] =
-        models::flux::sequence_parallel_forward(*flux, flux->parse_inputs(inputs), *groups);
+    auto* dit = dynamic_cast<models::dit::DiTTransformer*>(component.get());
+    std::string classes;
+    for (const auto& name : models::dit::DiTRegistry::known_classes()) {
+      classes += (classes.empty() ? "" : ", ") + name;
+    }
+    XF_CHECK(dit != nullptr && opts.method == "forward",
+             "--ulysses_degree / --ring_degree / --tensor_parallel_degree: parallel forward "
+             "supports the forward of a diffusion transformer (",
+             classes, "), not ", component->class_name(), ".", opts.method);
+    outputs = dit->forward_outputs(
+        models::dit::sequence_parallel_forward(*dit, dit->parse_forward_inputs(inputs), *groups),
+        inputs);
   } else {
     outputs = component->call(opts.method, inputs);
   }

@@ -1,11 +1,11 @@
-// `xfuser make-tiny --arch flux --out DIR [--seed N]`: writes a complete diffusers-format
-// pipeline folder with seeded random weights (see models/flux/tiny_flux.h).
+// `xfuser make-tiny --arch NAME --out DIR [--seed N]`: writes a complete diffusers-format
+// pipeline folder with seeded random weights; every family registers its layouts (TinyArch).
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 
 #include "backends/error.h"
-#include "models/flux/tiny_flux.h"
+#include "models/registry.h"
 #include "runner/tool/commands.h"
 
 namespace xfuser::runner::tool {
@@ -19,13 +19,15 @@ void register_make_tiny(CLI::App& app) {
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
       "make-tiny", "Write a tiny diffusers-format pipeline folder with seeded random weights");
-  cmd->add_option("--arch", opts->arch, "Architecture")
-      ->check(CLI::IsMember({"flux"}))
-      ->capture_default_str();
+  std::string archs;
+  for (const auto& arch : models::FamilyRegistry::tiny_archs()) {
+    archs += "\n  " + arch.name + ": " + arch.description;
+  }
+  cmd->add_option("--arch", opts->arch, "Architecture:" + archs)->capture_default_str();
   cmd->add_option("--out", opts->out, "Output folder (must not exist, or be empty)")->required();
   cmd->add_option("--seed", opts->seed, "Seed of the random weights")->capture_default_str();
   cmd->callback([opts] {
-    models::flux::make_tiny_flux(opts->out, opts->seed);
+    models::FamilyRegistry::find_tiny_arch(opts->arch).write(opts->out, opts->seed);
     std::cout << "wrote tiny " << opts->arch << " pipeline to " << opts->out << std::endl;
   });
 }

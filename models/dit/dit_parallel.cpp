@@ -1,0 +1,168 @@
+#include "models/dit/dit_parallel.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
+#include "models/weights/component_folder.h"
+#include "parallel/process_groups.h"
+#include "parallel/sequence_shard.h"
+#include "parallel/usp_attention.h"
+
+namespace xfuser::models::dit {
+namespace {
+
+const DiTFactory& factory_for(const ComponentFolder& folder) {
+  register_builtin_components();
+  const DiTFactory* factory = DiTRegistry::find(folder.class_name);
+  if (factory == nullptr) {
+    std::string known;
+    for (const auto& name : DiTRegistry::known_classes())
+      known += (known.empty() ? "" : ", ") + name;
+    XF_THROW(folder.config_path, ": '", folder.class_name,
+             "' is not a diffusion transformer xfuser knows; known: ", known);
+  }
+  return *factory;
+}
+
+// The sequence-parallel slice of a per-token input [.., N, ..] along `dim` (undefined stays).
+at::Tensor shard_or_keep(const parallel::SequenceShard& shard, const at::Tensor& t, int64_t dim,
+                         int rank) {
+  return t.defined() ? shard.shard(t, dim, rank) : t;
+}
+
+}  // namespace
+
+TensorParallelOps tensor_parallel_ops(parallel::Communicator& tp) {
+  TensorParallelOps ops;
+  ops.all_reduce = [&tp](at::Tensor& t) { tp.all_reduce(t); };
+  ops.all_gather_last = [&tp](const at::Tensor& t) { return tp.all_gather(t, t.dim() - 1); };
+  return ops;
+}
+
+std::shared_ptr<DiTTransformer> load_dit_transformer(const std::string& dir, c10::ScalarType dtype,
+                                                     const parallel::ProcessGroups* groups,
+                                                     const DiTPart& part,
+                                                     const std::string& expected_class) {
+  ComponentFolder folder = open_component_folder(dir);
+  XF_CONTEXT("loading ", folder.class_name, " from ", dir);
+  XF_CHECK(expected_class.empty() || folder.class_name == expected_class, dir, " holds a ",
+           folder.class_name, ", expected ", expected_class);
+  TensorParallel tp;
+  if (groups) tp = TensorParallel{groups->coords().tp, groups->config().tp()};
+  auto model = factory_for(folder)(folder.config, folder.config_path, part, tp);
+  const bool whole = model->part().block_begin == 0 &&
+                     model->part().block_end == model->num_blocks() && model->part().embedders &&
+                     model->part().head;
+  LoadOptions options;
+  // A pipeline stage reads only its own tensors from the (memory-mapped) checkpoint.
+  options.allow_unexpected = !whole;
+  model->load(*folder.weights, dtype, "", options);
+  if (tp.size > 1) model->set_tensor_parallel_ops(tensor_parallel_ops(groups->tp()));
+  return model;
+}
+
+std::shared_ptr<DiTTransformer> describe_dit_transformer(const std::string& dir) {
+  // Opening maps the weights without reading them; the model declares shapes only.
+  ComponentFolder folder = open_component_folder(dir);
+  return factory_for(folder)(folder.config, folder.config_path, DiTPart{}, TensorParallel{});
+}
+
+at::Tensor sequence_parallel_forward(DiTTransformer& model, const DiTInputs& full,
+                                     const parallel::ProcessGroups& groups) {
+  if (model.tensor_parallel().size > 1) {
+    XF_CHECK(model.tensor_parallel().size == groups.config().tp() &&
+                 model.tensor_parallel().rank == groups.coords().tp,
+             "the model is built for tensor-parallel rank ", model.tensor_parallel().rank, " of ",
+             model.tensor_parallel().size, " but this rank is ", groups.coords().tp, " of ",
+             groups.config().tp());
+    model.set_tensor_parallel_ops(tensor_parallel_ops(groups.tp()));
+  } else {
+    XF_CHECK(groups.config().tp() == 1, "tensor parallel degree ", groups.config().tp(),
+             " needs a model built for it (load_dit_transformer with the process groups)");
+  }
+  const int parts = groups.config().sp();
+  if (parts == 1) return model.forward(full);
+  model.check_inputs(full);
+  const int rank = groups.coords().sp;
+  parallel::SequenceShard image(full.tokens.size(1), parts);
+  const int64_t text_len = full.text.defined() ? full.text.size(1) : 0;
+  const bool cross = model.text_attention() == TextAttention::kCross;
+  // Cross-attention models keep the whole text on every rank; their self-attention has no text.
+  const parallel::TextMode mode =
+      cross ? parallel::TextMode::kSplit : parallel::choose_text_mode(text_len, parts);
+  DiTInputs in = full;
+  in.tokens = image.shard(full.tokens, 1, rank);
+  in.token_ids = shard_or_keep(image, full.token_ids, 0, rank);
+  if (!cross && mode == parallel::TextMode::kSplit && text_len > 0) {
+    parallel::SequenceShard text(text_len, parts);
+    in.text = text.shard(full.text, 1, rank);
+    in.text_ids = shard_or_keep(text, full.text_ids, 0, rank);
+    in.text_mask = shard_or_keep(text, full.text_mask, 1, rank);
+  }
+  parallel::UspAttention usp(groups.ulysses(), groups.ring(), mode, image.valid_counts());
+  struct HookGuard {
+    DiTTransformer& model;
+    ~HookGuard() { model.set_attention_hook({}); }
+  } guard{model};
+  model.set_attention_hook([&usp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const AttentionCall& call) {
+    if (call.cross) return local_attention(q, k, v, call);
+    return usp.attention(q, k, v, call.text_tokens, call.text_first, call.mask);
+  });
+  at::Tensor local = model.forward(in);  // [B, chunk, C]
+  return image.gather(local.contiguous(), 1, groups.sp());
+}
+
+at::Tensor dit_forward(DiTTransformer& model, const DiTInputs& in,
+                       const parallel::ProcessGroups* groups) {
+  return groups ? sequence_parallel_forward(model, in, *groups) : model.forward(in);
+}
+
+DiTInputs concat_branches(const DiTInputs& negative, const DiTInputs& positive) {
+  auto cat = [](const at::Tensor& n, const at::Tensor& p) {
+    if (!p.defined()) return p;
+    return at::cat({n, p}, 0);
+  };
+  auto repeat = [](const at::Tensor& t) {
+    if (!t.defined() || t.size(0) == 1) return t;
+    return at::cat({t, t}, 0);
+  };
+  DiTInputs both = positive;
+  // Tokens may be undefined (PipeFusion takes them from the latents).
+  if (positive.tokens.defined()) both.tokens = at::cat({positive.tokens, positive.tokens}, 0);
+  both.text = cat(negative.text, positive.text);
+  both.text_mask = cat(negative.text_mask, positive.text_mask);
+  both.pooled = cat(negative.pooled, positive.pooled);
+  both.timestep = repeat(positive.timestep);
+  both.guidance = repeat(positive.guidance);
+  for (auto& [name, t] : both.extra) {
+    auto it = negative.extra.find(name);
+    t = it != negative.extra.end() ? cat(it->second, t) : repeat(t);
+  }
+  return both;
+}
+
+at::Tensor guided_noise(DiTTransformer& model, const DiTInputs& positive, const DiTInputs& negative,
+                        double scale, const parallel::ProcessGroups* groups, bool batched) {
+  const int64_t b = positive.tokens.size(0);
+  if (groups && groups->config().cfg() == 2) {
+    // CFG parallel: cfg rank 0 runs the negative branch, rank 1 the positive one; every rank
+    // combines the gathered predictions (and then steps the scheduler identically).
+    const DiTInputs& mine = groups->coords().cfg == 0 ? negative : positive;
+    at::Tensor out = dit_forward(model, mine, groups).contiguous();
+    at::Tensor both = groups->cfg().all_gather(out, 0);  // [neg; pos]
+    at::Tensor neg = both.narrow(0, 0, b);
+    return neg + scale * (both.narrow(0, b, b) - neg);
+  }
+  if (batched) {
+    at::Tensor both = dit_forward(model, concat_branches(negative, positive), groups);
+    at::Tensor neg = both.narrow(0, 0, b);
+    return neg + scale * (both.narrow(0, b, b) - neg);
+  }
+  at::Tensor pos = dit_forward(model, positive, groups);
+  at::Tensor neg = dit_forward(model, negative, groups);
+  return neg + scale * (pos - neg);
+}
+
+}  // namespace xfuser::models::dit

@@ -1,0 +1,67 @@
+// The parallel drivers of every DiT family (models/dit/dit.h), written once:
+//   - loading a transformer for this rank (tensor-parallel slices, a PipeFusion stage's blocks);
+//   - sequence parallelism (Ulysses, ring, USP) of one forward on global inputs;
+//   - classifier-free guidance, on one rank (both branches) or over the cfg group.
+// PipeFusion is in models/dit/dit_pipefusion.h.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include "models/dit/dit.h"
+
+namespace xfuser::parallel {
+class Communicator;
+class ProcessGroups;
+}  // namespace xfuser::parallel
+
+namespace xfuser::models::dit {
+
+// The tensor-parallel collectives of a model over communicator `tp` (which must outlive them).
+TensorParallelOps tensor_parallel_ops(parallel::Communicator& tp);
+
+// Loads a transformer component folder (config.json + safetensors) of any registered DiT class.
+// With `groups` of tensor-parallel degree n > 1 the model is built for tp rank r (reading only
+// its slices of the weights) and its tensor-parallel ops are wired to groups->tp(); `groups`
+// must outlive it. A `part` other than the whole model reads only that part's tensors.
+// `expected_class` (if not empty) must match the folder's class.
+std::shared_ptr<DiTTransformer> load_dit_transformer(const std::string& dir, c10::ScalarType dtype,
+                                                     const parallel::ProcessGroups* groups,
+                                                     const DiTPart& part = {},
+                                                     const std::string& expected_class = "");
+
+// An unloaded whole model of the folder's class (shapes only: nothing is allocated), for
+// planning (PipeFusion stages, memory estimates, validation).
+std::shared_ptr<DiTTransformer> describe_dit_transformer(const std::string& dir);
+
+// The transformer on GLOBAL inputs, split over the sequence-parallel group of `groups`
+// (ulysses x ring): this rank keeps image-token chunk r (chunks padded to equal length) and
+// either text chunk r (joint attention, when the text length divides the degree) or the whole
+// text; USP attention makes every self/joint attention exact over the global sequence
+// (cross-attention to the text runs locally: the text is whole on every rank); the output
+// chunks are gathered, so every rank returns the same [B, N, C] as model.forward(in). With an
+// SP degree of 1 it is forward(in). A tensor-parallel model gets its ops wired to groups.tp().
+at::Tensor sequence_parallel_forward(DiTTransformer& model, const DiTInputs& in,
+                                     const parallel::ProcessGroups& groups);
+
+// One model evaluation: sequence_parallel_forward with groups, else model.forward.
+at::Tensor dit_forward(DiTTransformer& model, const DiTInputs& in,
+                       const parallel::ProcessGroups* groups);
+
+// Classifier-free guidance: noise = neg + scale * (pos - neg) (diffusers' order and
+// arithmetic), where pos / neg are the model outputs on `positive` / `negative` (same tokens,
+// other text conditioning). With a cfg degree of 2 in `groups`, cfg rank 0 evaluates the
+// negative branch and rank 1 the positive one and the two outputs are all-gathered; otherwise
+// both run here (batched when `batched`, as diffusers' pipelines concatenate [neg, pos]).
+at::Tensor guided_noise(DiTTransformer& model, const DiTInputs& positive, const DiTInputs& negative,
+                        double scale, const parallel::ProcessGroups* groups, bool batched = false);
+
+// [neg; pos] along the batch for every per-sample input (the pipelines' CFG batch).
+DiTInputs concat_branches(const DiTInputs& negative, const DiTInputs& positive);
+
+}  // namespace xfuser::models::dit

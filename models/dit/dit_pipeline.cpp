@@ -1,0 +1,131 @@
+#include "models/dit/dit_pipeline.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "backends/error.h"
+#include "models/dit/dit_parallel.h"
+#include "parallel/process_groups.h"
+
+namespace xfuser::models::dit {
+
+DiTPipeline::DiTPipeline(const ModelSpec& spec) : XFuserModel(spec) {}
+DiTPipeline::~DiTPipeline() = default;
+
+at::Tensor DiTPipeline::initial_noise(const GenerationRequest& request,
+                                      const std::vector<int64_t>& shape,
+                                      const at::TensorOptions& options, const std::string& layout) {
+  XF_CHECK(!shape.empty() && shape[0] == static_cast<int64_t>(request.seeds.size()),
+           "initial_noise: shape ", shape_string(shape), " for ", request.seeds.size(), " seeds");
+  if (request.latents.defined()) {
+    XF_CHECK(request.latents.sizes() == at::IntArrayRef(shape), "--latents holds a tensor of ",
+             shape_string(request.latents.sizes()), "; this request needs ", shape_string(shape),
+             " (", layout, ")");
+    XF_CHECK(at::isFloatingType(request.latents.scalar_type()),
+             "--latents must be floating point, got ", request.latents.scalar_type());
+    return request.latents.to(options);
+  }
+  // One CPU generator per prompt, as diffusers' randn_tensor with a list of generators: the
+  // noise of prompt i depends only on its seed; drawn in float32 whatever the run's dtype.
+  std::vector<int64_t> one = shape;
+  one[0] = 1;
+  std::vector<at::Tensor> noise;
+  for (int64_t seed : request.seeds) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
+    noise.push_back(at::randn(one, gen, at::TensorOptions().dtype(at::kFloat)));
+  }
+  return at::cat(noise, 0).to(options);
+}
+
+void DiTPipeline::load_transformer(const std::filesystem::path& dir,
+                                   const ModelLoadOptions& options,
+                                   const std::string& expected_class) {
+  const auto& groups = process_groups();
+  if (groups && groups->config().pp() > 1) {
+    XF_CHECK(groups->config().tp() == 1,
+             "--pipefusion_parallel_degree with --tensor_parallel_degree is not supported yet (",
+             groups->config().to_string(), "): use one of them");
+    XF_CONTEXT("loading PipeFusion stage ", groups->coords().pp, " of ", dir.string());
+    const auto whole = describe_dit_transformer(dir.string());
+    const auto layers =
+        pipefusion_stage_layers(*whole, groups->config().pp(), options.pipefusion_layers);
+    transformer_ =
+        load_dit_transformer(dir.string(), options.dtype, groups.get(),
+                             pipefusion_stage_part(layers, groups->coords().pp), expected_class);
+  } else {
+    // Under tensor parallelism each rank reads only its slices of the transformer's weights.
+    transformer_ =
+        load_dit_transformer(dir.string(), options.dtype, groups.get(), DiTPart{}, expected_class);
+  }
+}
+
+void DiTPipeline::check_layout(const GenerationRequest& request, bool cfg,
+                               int64_t token_rows) const {
+  const auto& groups = process_groups();
+  if (!groups) return;
+  XF_CHECK(groups->config().cfg() == 1 || cfg,
+           "--use_cfg_parallel needs classifier-free guidance, which this request does not run "
+           "for ",
+           spec().id, ": give a --negative_prompt and a guidance scale that enables it");
+  if (groups->config().pp() > 1) {
+    // Fail before any compute: patches within the latent token rows, warm-up >= 1.
+    const int patches =
+        request.num_pipeline_patch > 0 ? request.num_pipeline_patch : groups->config().pp();
+    pipefusion_patch_rows(token_rows, patches);
+    XF_CHECK(patches == 1 || request.pipefusion_warmup_steps >= 1,
+             "--pipefusion_warmup_steps must be >= 1 with ", patches,
+             " pipeline patches (the warm-up fills the stale K/V buffers)");
+  }
+}
+
+void DiTPipeline::start_pipefusion(DiTState& state, int64_t token_rows, int64_t token_cols,
+                                   int steps) {
+  const auto& groups = process_groups();
+  if (!groups || groups->config().pp() == 1) return;
+  const auto& req = state.request;
+  const int patches = req.num_pipeline_patch > 0 ? req.num_pipeline_patch : groups->config().pp();
+  state.pipefusion = std::make_unique<PipeFusion>(*transformer_, *groups, token_rows, token_cols,
+                                                  patches, req.pipefusion_warmup_steps, steps);
+}
+
+void DiTPipeline::denoise(DiTState& s, int index, DiTInputs positive, const DiTInputs* negative,
+                          double scale, bool batched_cfg, const StepFn& step) {
+  const auto& groups = process_groups();
+  const int64_t b = s.tokens.size(0);
+  if (s.pipefusion) {
+    int branches = 1;
+    PipeFusion::CombineFn combine = [](const at::Tensor& out) { return out; };
+    DiTInputs in = positive;
+    if (negative && groups->config().cfg() == 2) {
+      // CFG parallel: cfg rank 0 the negative branch; the last stages combine per patch.
+      if (groups->coords().cfg == 0) in = *negative;
+      combine = [&groups, b, scale](const at::Tensor& out) {
+        at::Tensor both = groups->cfg().all_gather(out.contiguous(), 0);  // [neg; pos]
+        at::Tensor neg = both.narrow(0, 0, b);
+        return neg + scale * (both.narrow(0, b, b) - neg);
+      };
+    } else if (negative) {
+      // Both branches in one batch [neg; pos] through the pipeline.
+      branches = 2;
+      in = concat_branches(*negative, positive);
+      combine = [b, scale](const at::Tensor& out) {
+        at::Tensor neg = out.narrow(0, 0, b);
+        return neg + scale * (out.narrow(0, b, b) - neg);
+      };
+    }
+    s.pipefusion->step(index, in, branches, combine, step, s.tokens);
+    return;
+  }
+  if (!positive.tokens.defined()) positive.tokens = s.tokens;
+  at::Tensor noise;
+  if (negative) {
+    DiTInputs neg = *negative;
+    if (!neg.tokens.defined()) neg.tokens = positive.tokens;
+    noise = guided_noise(*transformer_, positive, neg, scale, groups.get(), batched_cfg);
+  } else {
+    noise = dit_forward(*transformer_, positive, groups.get());
+  }
+  s.tokens = step(noise, s.tokens);
+}
+
+}  // namespace xfuser::models::dit

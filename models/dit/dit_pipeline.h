@@ -1,0 +1,67 @@
+// DiTPipeline: the part of every diffusion-transformer pipeline that does not depend on the
+// family, on the xFuserModel base: loading the transformer for this rank (tensor-parallel
+// slices, a PipeFusion stage's blocks), the seeded initial noise (or the user's latents), and
+// one denoising step under every parallel layout (sequence parallel, CFG on one rank or over the
+// cfg group, PipeFusion). A family implements its text encoding, its token inputs per step, its
+// scheduler step and its decoding; the drivers are the same for all.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "models/dit/dit.h"
+#include "models/dit/dit_pipefusion.h"
+#include "models/registry.h"
+#include "models/xfuser_model.h"
+
+namespace xfuser::models::dit {
+
+class DiTPipeline : public XFuserModel {
+ public:
+  explicit DiTPipeline(const ModelSpec& spec);
+  ~DiTPipeline() override;
+
+  DiTTransformer& dit_transformer() { return *transformer_; }
+
+  // The initial latents of a request in the family's layout `shape` ([B, ...], B = prompts):
+  // request.latents when given (shape checked, cast to `options`), else one CPU generator per
+  // prompt seeded with its seed, noise drawn in float32 and then cast and moved to `options`, so
+  // a seed gives the same noise in every dtype, on every device, at any batch size and under
+  // every parallel layout (as diffusers' randn_tensor with a list of generators, in float32).
+  static at::Tensor initial_noise(const GenerationRequest& request,
+                                  const std::vector<int64_t>& shape,
+                                  const at::TensorOptions& options, const std::string& layout);
+
+ protected:
+  // Per-generation state of a DiT pipeline.
+  struct DiTState : State {
+    at::Tensor tokens;  // the latents as transformer tokens [B, N, C] (updated every step)
+    std::unique_ptr<PipeFusion> pipefusion;  // pp > 1
+  };
+  // (noise prediction [B, n, C], latents [B, n, C]) -> the next latents (the scheduler step).
+  using StepFn = PipeFusion::StepFn;
+
+  // Loads transformer_ from `dir` for this rank: the whole model, or with pp > 1 the blocks of
+  // this rank's PipeFusion stage (--pipefusion_layers, else balanced by parameters), with tp > 1
+  // this rank's slices. `expected_class` must match the folder's class.
+  void load_transformer(const std::filesystem::path& dir, const ModelLoadOptions& options,
+                        const std::string& expected_class);
+  // Checks the parallel layout against a request before any compute: --use_cfg_parallel needs
+  // `cfg` (true CFG), PipeFusion's patches fit the `token_rows`.
+  void check_layout(const GenerationRequest& request, bool cfg, int64_t token_rows) const;
+  // With pp > 1 creates state.pipefusion for a token grid of token_rows x token_cols.
+  void start_pipefusion(DiTState& state, int64_t token_rows, int64_t token_cols, int steps);
+  // One denoising step of state.tokens: the model on `positive` (and on `negative` with
+  // classifier-free guidance: neg + scale * (pos - neg), the two branches batched as [neg, pos]
+  // when `batched_cfg`, else evaluated one after the other), then `step`. Sequence parallel,
+  // CFG parallel and PipeFusion are chosen from the process groups. positive.tokens may be left
+  // undefined: state.tokens is used.
+  void denoise(DiTState& state, int index, DiTInputs positive, const DiTInputs* negative,
+               double scale, bool batched_cfg, const StepFn& step);
+
+  std::shared_ptr<DiTTransformer> transformer_;
+};
+
+}  // namespace xfuser::models::dit

@@ -1,0 +1,31 @@
+// The FLUX.1 family: FLUX.1-dev and the embedded tiny-flux, FluxTransformer2DModel, and the tiny
+// FLUX layout of `xfuser make-tiny`.
+#include "models/dit/dit.h"
+#include "models/flux/flux_pipeline.h"
+#include "models/flux/flux_transformer.h"
+#include "models/flux/tiny_flux.h"
+#include "models/registry.h"
+
+namespace xfuser::models::flux {
+
+void register_family() {
+  Family family;
+  family.name = "flux";
+  family.models = model_specs();
+  for (auto& spec : family.models) {
+    if (spec.maturity == "embedded") {
+      spec.embedded_dir = [] { return ensure_tiny_flux(0); };
+    } else {
+      spec.pipeline_classes = {"FluxPipeline"};
+    }
+  }
+  family.register_components = [] {
+    dit::register_dit_component("FluxTransformer2DModel", make_flux_dit);
+  };
+  family.tiny_archs = {
+      {"flux", "FLUX.1: CLIP + T5 text encoders, FluxTransformer2DModel, AutoencoderKL",
+       [](const std::filesystem::path& dir, uint64_t seed) { make_tiny_flux(dir, seed); }}};
+  FamilyRegistry::add(std::move(family));
+}
+
+}  // namespace xfuser::models::flux
