@@ -9,7 +9,8 @@
 
 namespace xfuser::testing {
 
-// $XFUSER_FIXTURES, else ../shared/fixtures beside the source tree.
+// $XFUSER_FIXTURES, else tests/fixtures in the source tree (the committed reference data that
+// tests/fixtures/generate.py makes).
 std::filesystem::path fixtures_dir();
 // The build tree (for build/bin/xfuser and friends).
 std::filesystem::path binary_dir();
@@ -37,11 +38,14 @@ int run_command(const std::string& command, std::string* output = nullptr);
 
 }  // namespace xfuser::testing
 
-// Skips the current test with a clear message when a fixture path is absent.
-#define XF_REQUIRE_FIXTURE(path)                                                       \
-  do {                                                                                 \
-    if (!std::filesystem::exists(path)) {                                              \
-      GTEST_SKIP() << "fixture " << (path)                                             \
-                   << " not found: set XFUSER_FIXTURES to the shared/fixtures folder"; \
-    }                                                                                  \
+// Fails the current test, naming the path, when a fixture is absent: the fixtures are committed
+// under tests/fixtures, so a missing one is a broken checkout or a wrong $XFUSER_FIXTURES, never a
+// reason to skip.
+#define XF_REQUIRE_FIXTURE(path)                                                         \
+  do {                                                                                   \
+    if (!std::filesystem::exists(path)) {                                                \
+      FAIL() << "fixture " << (path) << " not found (fixtures dir "                      \
+             << xfuser::testing::fixtures_dir()                                          \
+             << "): regenerate with tests/fixtures/generate.py or fix $XFUSER_FIXTURES"; \
+    }                                                                                    \
   } while (0)
