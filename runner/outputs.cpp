@@ -11,6 +11,7 @@
 #include <random>
 
 #include <ATen/ATen.h>
+#include <sys/file.h>
 #include <sys/statvfs.h>
 
 #include "backends/error.h"
@@ -59,6 +60,29 @@ void png_write_to_string(png_structp png, png_bytep data, png_size_t length) {
 void png_error_throw(png_structp, png_const_charp msg) { throw std::runtime_error(msg); }
 void png_warning_ignore(png_structp, png_const_charp) {}
 
+bool is_ascii(const std::string& s) {
+  for (unsigned char c : s) {
+    if (c >= 0x80) return false;
+  }
+  return true;
+}
+
+// Latin-1 bytes (tEXt, zTXt) to UTF-8.
+std::string latin1_to_utf8(const char* text, size_t length) {
+  std::string out;
+  out.reserve(length);
+  for (size_t i = 0; i < length; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back(static_cast<char>(0xC0 | (c >> 6)));
+      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string encode_png(const at::Tensor& image, const std::map<std::string, std::string>& text) {
@@ -89,10 +113,17 @@ std::string encode_png(const at::Tensor& image, const std::map<std::string, std:
                  PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
     for (const auto& [key, value] : text) {
       png_text t{};
-      t.compression = PNG_TEXT_COMPRESSION_NONE;
       t.key = const_cast<char*>(key.c_str());
       t.text = const_cast<char*>(value.c_str());
-      t.text_length = value.size();
+      if (is_ascii(value)) {
+        t.compression = PNG_TEXT_COMPRESSION_NONE;  // tEXt: ASCII is Latin-1
+        t.text_length = value.size();
+      } else {
+        t.compression = PNG_ITXT_COMPRESSION_NONE;  // iTXt: UTF-8
+        t.itxt_length = value.size();
+        t.lang = const_cast<char*>("");
+        t.lang_key = const_cast<char*>("");
+      }
       chunks.push_back(t);
     }
     if (!chunks.empty()) png_set_text(png, info, chunks.data(), static_cast<int>(chunks.size()));
@@ -144,7 +175,13 @@ at::Tensor read_png(const fs::path& path, std::map<std::string, std::string>* te
     if (text) {
       png_textp chunks = nullptr;
       int n = png_get_text(png, info, &chunks, nullptr);
-      for (int i = 0; i < n; ++i) (*text)[chunks[i].key] = std::string(chunks[i].text);
+      for (int i = 0; i < n; ++i) {
+        const png_text& t = chunks[i];
+        const bool itxt = t.compression == PNG_ITXT_COMPRESSION_NONE ||
+                          t.compression == PNG_ITXT_COMPRESSION_zTXt;
+        (*text)[t.key] =
+            itxt ? std::string(t.text, t.itxt_length) : latin1_to_utf8(t.text, t.text_length);
+      }
     }
   } catch (const std::runtime_error& e) {
     png_destroy_read_struct(&png, &info, nullptr);
@@ -180,10 +217,37 @@ at::Tensor to_uint8_images(const at::Tensor& images) {
 }
 
 std::string output_file_name(const std::string& name, int ulysses, int ring, bool compiled,
-                             int height, int width, int64_t index, const std::string& ext) {
-  return name + "_u" + std::to_string(ulysses) + "r" + std::to_string(ring) + "_tc_" +
-         (compiled ? "True" : "False") + "_" + std::to_string(height) + "x" +
-         std::to_string(width) + "_" + std::to_string(index) + "." + ext;
+                             int height, int width, int64_t index, const std::string& ext,
+                             const NameDegrees& degrees) {
+  std::string layout = "_u" + std::to_string(ulysses) + "r" + std::to_string(ring);
+  for (const auto& [tag, degree] : {std::pair{"_tp", degrees.tensor},
+                                    {"_pp", degrees.pipeline},
+                                    {"_cfg", degrees.cfg},
+                                    {"_dp", degrees.data}}) {
+    if (degree != 1) layout += tag + std::to_string(degree);
+  }
+  return name + layout + "_tc_" + (compiled ? "True" : "False") + "_" + std::to_string(height) +
+         "x" + std::to_string(width) + "_" + std::to_string(index) + "." + ext;
+}
+
+OutputDirectoryLock::OutputDirectoryLock(const fs::path& dir) {
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  XF_CHECK(fd_ >= 0, "--output_directory ", dir.string(),
+           ": cannot open it to lock it: ", std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    XF_CHECK(err != EWOULDBLOCK, "--output_directory ", dir.string(),
+             " is in use by another xfuser-run (it holds the folder's lock): two runs writing "
+             "one folder would replace each other's images. Wait for it to finish, or give this "
+             "run another --output_directory");
+    XF_THROW("--output_directory ", dir.string(), ": cannot lock it: ", std::strerror(err));
+  }
+}
+
+OutputDirectoryLock::~OutputDirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the lock
 }
 
 void ensure_writable_directory(const fs::path& dir) {

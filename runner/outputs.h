@@ -19,14 +19,17 @@ namespace xfuser::runner {
 void write_file_atomic(const std::filesystem::path& path, const std::string& bytes);
 
 // Encodes an image as PNG. `image` is uint8 [H, W, 3] (RGB) or [H, W, 1] (gray), contiguous.
-// `text` becomes tEXt chunks (keyword -> value; keywords 1-79 Latin-1 characters).
+// `text` becomes text chunks (keyword -> UTF-8 value; keywords 1-79 Latin-1 characters): tEXt
+// when the value is ASCII, iTXt (UTF-8) otherwise, so readers never show a UTF-8 prompt as
+// Latin-1 mojibake.
 std::string encode_png(const at::Tensor& image, const std::map<std::string, std::string>& text);
 
 // encode_png + write_file_atomic.
 void write_png(const std::filesystem::path& path, const at::Tensor& image,
                const std::map<std::string, std::string>& text = {});
 
-// Decodes a PNG file to uint8 [H, W, C] (C = 1, 3 or 4) and its text chunks (tests, img2img).
+// Decodes a PNG file to uint8 [H, W, C] (C = 1, 3 or 4) and its text chunks (tests, img2img),
+// as UTF-8 (tEXt / zTXt values are Latin-1 and converted; iTXt values are UTF-8 already).
 at::Tensor read_png(const std::filesystem::path& path,
                     std::map<std::string, std::string>* text = nullptr);
 
@@ -40,9 +43,34 @@ bool is_complete_png(const std::filesystem::path& path, int height = 0, int widt
 // diffusers' image processor does: (x / 2 + 0.5).clamp(0, 1), * 255, round half to even.
 at::Tensor to_uint8_images(const at::Tensor& images);
 
-// xDiT's output name: {name}_u{U}r{R}_tc_{True|False}_{H}x{W}_{index}.{ext}
+// The degrees beyond xDiT's u/r that join an output name when they differ from 1.
+struct NameDegrees {
+  int tensor = 1;    // _tp{N}
+  int pipeline = 1;  // _pp{N}
+  int cfg = 1;       // _cfg{N}
+  int data = 1;      // _dp{N}
+};
+
+// xDiT's output name, {name}_u{U}r{R}[_tp{T}][_pp{P}][_cfg{C}][_dp{D}]_tc_{True|False}_{H}x{W}_
+// {index}.{ext}: u and r always (as xDiT), the other degrees only when they are not 1, so runs of
+// several layouts can share one folder without replacing each other's images.
 std::string output_file_name(const std::string& name, int ulysses, int ring, bool compiled,
-                             int height, int width, int64_t index, const std::string& ext);
+                             int height, int width, int64_t index, const std::string& ext,
+                             const NameDegrees& degrees = {});
+
+// An exclusive lock on an output folder (flock on the folder itself, so no file is left behind),
+// held while it lives. Two runs writing one folder would replace each other's images: the
+// second is refused at once, naming the folder. Released when destroyed or when the process ends.
+class OutputDirectoryLock {
+ public:
+  explicit OutputDirectoryLock(const std::filesystem::path& dir);
+  ~OutputDirectoryLock();
+  OutputDirectoryLock(const OutputDirectoryLock&) = delete;
+  OutputDirectoryLock& operator=(const OutputDirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // Checks that `dir` exists (creating it if needed) and is writable; error names the folder.
 void ensure_writable_directory(const std::filesystem::path& dir);

@@ -87,6 +87,58 @@ TEST(Outputs, XditFileNames) {
             "tiny-flux_u1r1_tc_True_256x256_12.png");
 }
 
+// Issue 13 item 7: the degrees beyond u/r join the name when they are not 1, so runs of several
+// layouts share one folder.
+TEST(Outputs, NamesCarryEveryDegreeThatIsNotOne) {
+  EXPECT_EQ(output_file_name("tiny-flux", 1, 1, false, 64, 48, 0, "png", {}),
+            "tiny-flux_u1r1_tc_False_64x48_0.png");
+  EXPECT_EQ(output_file_name("tiny-flux", 1, 1, false, 64, 48, 0, "png", {2, 1, 1, 1}),
+            "tiny-flux_u1r1_tp2_tc_False_64x48_0.png");
+  EXPECT_EQ(output_file_name("FLUX.1-dev", 2, 1, false, 1024, 1024, 3, "png", {1, 2, 2, 4}),
+            "FLUX.1-dev_u2r1_pp2_cfg2_dp4_tc_False_1024x1024_3.png");
+  EXPECT_EQ(output_file_name("m", 1, 2, true, 16, 16, 0, "png", {2, 2, 2, 2}),
+            "m_u1r2_tp2_pp2_cfg2_dp2_tc_True_16x16_0.png");
+}
+
+// Issue 14 item 7: text that is not ASCII is stored as iTXt (UTF-8), which readers decode as
+// UTF-8; ASCII stays tEXt. Values read back unchanged.
+TEST(Outputs, NonAsciiTextIsStoredAsItxt) {
+  const at::Tensor img = at::zeros({2, 2, 3}, at::kByte);
+  const std::string prompt = "\xe6\x97\xa5\xe6\x9c\xac\xe3\x81\xae caf\xc3\xa9";  // 日本の café
+  const std::string png = encode_png(img, {{"prompt", prompt}, {"seed", "42"}});
+  // The prompt in an iTXt chunk: keyword, NUL, compression flag 0, method 0, "" lang, "" key.
+  const std::string itxt = std::string("iTXtprompt") + '\0' + '\0' + '\0' + '\0' + '\0' + prompt;
+  EXPECT_NE(png.find(itxt), std::string::npos);
+  EXPECT_NE(png.find(std::string("tEXtseed") + '\0' + "42"), std::string::npos);
+  EXPECT_EQ(png.find("tEXtprompt"), std::string::npos);
+  xfuser::testing::TempDir dir;
+  write_file_atomic(dir / "a.png", png);
+  std::map<std::string, std::string> text;
+  read_png(dir / "a.png", &text);
+  EXPECT_EQ(text["prompt"], prompt);
+  EXPECT_EQ(text["seed"], "42");
+}
+
+// Issue 14 item 8: a second run into a folder another run holds is refused at once, naming the
+// folder; the lock leaves no file behind and ends with its holder.
+TEST(Outputs, ASecondRunIntoALockedFolderIsRefused) {
+  xfuser::testing::TempDir dir;
+  {
+    OutputDirectoryLock first(dir.path());
+    try {
+      OutputDirectoryLock second(dir.path());
+      FAIL() << "a second lock on " << dir.path() << " was granted";
+    } catch (const xfuser::Error& e) {
+      EXPECT_NE(e.message().find("--output_directory " + dir.path().string() +
+                                 " is in use by another xfuser-run"),
+                std::string::npos)
+          << e.message();
+    }
+    EXPECT_TRUE(fs::is_empty(dir.path()));
+  }
+  EXPECT_NO_THROW(OutputDirectoryLock again(dir.path()));
+}
+
 TEST(Outputs, Uint8ConversionMatchesDiffusersPostprocess) {
   // x in [-1, 1] -> (x/2+0.5).clamp(0,1)*255, rounded half to even.
   at::Tensor x = at::tensor({-2.0f, -1.0f, 0.0f, 1.0f, 3.0f, 1.0f / 255.0f}).view({1, 3, 1, 2});
