@@ -1,5 +1,6 @@
 #include "runner/run_config.h"
 
+#include <charconv>
 #include <cmath>
 #include <set>
 
@@ -88,7 +89,8 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
       ->group(kIn);
   app.add_option("--max_sequence_length", c.max_sequence_length, "Maximum text sequence length")
       ->group(kIn);
-  app.add_option("--seed", c.seed, "Random seed for reproducibility")
+  app.add_option("--seed", c.seed, "Random seed for reproducibility, in [-2^63, 2^63)")
+      ->check(CLI::Validator(check_seed_text, "INT64", "seed"))
       ->group(kIn)
       ->capture_default_str();
   app.add_option("--input_images", c.input_images, "Input image paths for image-to-image/video")
@@ -160,10 +162,53 @@ std::vector<std::string> unsupported_flags_used(const CLI::App& app) {
   return used;
 }
 
+std::string check_seed_text(const std::string& text) {
+  int64_t value = 0;
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  if (first != last && *first == '+') ++first;
+  const auto [ptr, ec] = std::from_chars(first, last, value);
+  if (first == last || ptr != last || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+    return "--seed must be an integer (got '" + text + "')";
+  }
+  if (ec == std::errc::result_out_of_range) {
+    return "--seed " + text +
+           " is out of range: seeds are integers in [-2^63, 2^63) = [-9223372036854775808, "
+           "9223372036854775807]";
+  }
+  return "";
+}
+
 void validate_values(const RunConfig& c) {
   auto positive = [](const char* flag, int value) {
     XF_CHECK(value >= 1, flag, " must be >= 1 (got ", value, ")");
   };
+  auto at_most = [](const char* flag, int64_t value, int64_t limit) {
+    XF_CHECK(value <= limit, flag, " must be at most ", limit, " (got ", value, ")");
+  };
+  for (auto [flag, value] : {std::pair{"--ulysses_degree", c.ulysses_degree},
+                             {"--ring_degree", c.ring_degree},
+                             {"--pipefusion_parallel_degree", c.pipefusion_parallel_degree},
+                             {"--tensor_parallel_degree", c.tensor_parallel_degree},
+                             {"--data_parallel_degree", c.data_parallel_degree},
+                             {"--num_pipeline_patch", c.num_pipeline_patch}}) {
+    at_most(flag, value, Limits::kMaxDegree);
+  }
+  at_most("--num_iterations", c.num_iterations, Limits::kMaxIterations);
+  at_most("--warmup_calls", c.warmup_calls, Limits::kMaxIterations);
+  at_most("--pipefusion_warmup_steps", c.pipefusion_warmup_steps, Limits::kMaxSteps);
+  if (c.num_inference_steps) {
+    at_most("--num_inference_steps", *c.num_inference_steps, Limits::kMaxSteps);
+  }
+  if (c.batch_size) at_most("--batch_size", *c.batch_size, Limits::kMaxBatchSize);
+  if (c.max_sequence_length) {
+    at_most("--max_sequence_length", *c.max_sequence_length, Limits::kMaxSequenceLength);
+  }
+  at_most("--profile_wait", c.profile_wait, Limits::kMaxIterations);
+  at_most("--profile_warmup", c.profile_warmup, Limits::kMaxIterations);
+  at_most("--profile_active", c.profile_active, Limits::kMaxIterations);
+  XF_CHECK(!std::isfinite(c.comm_timeout) || c.comm_timeout <= 1e7,
+           "--comm_timeout must be at most 10000000 seconds (got ", c.comm_timeout, ")");
   positive("--ulysses_degree", c.ulysses_degree);
   positive("--ring_degree", c.ring_degree);
   positive("--pipefusion_parallel_degree", c.pipefusion_parallel_degree);
@@ -201,13 +246,15 @@ void validate_values(const RunConfig& c) {
     if (!value) continue;
     XF_CHECK(*value > 0 && *value % 16 == 0, flag, " must be a positive multiple of 16 (got ",
              *value, ")");
-    XF_CHECK(*value <= 16384, flag, " must be at most 16384 (got ", *value, ")");
+    at_most(flag, *value, Limits::kMaxSide);
   }
   for (auto [flag, value] : {std::pair{"--guidance_scale", c.guidance_scale},
                              std::pair{"--true_cfg_scale", c.true_cfg_scale}}) {
     if (!value) continue;
     XF_CHECK(std::isfinite(*value), flag, " must be a finite number (got ", *value, ")");
     XF_CHECK(*value >= 0, flag, " must be >= 0 (got ", *value, ")");
+    XF_CHECK(*value <= Limits::kMaxGuidance, flag, " must be at most ", Limits::kMaxGuidance,
+             " (got ", *value, "): larger scales overflow the latents");
   }
   if (c.max_sequence_length) positive("--max_sequence_length", *c.max_sequence_length);
   XF_CHECK(c.profile_wait >= 0 && c.profile_warmup >= 0 && c.profile_active >= 1,

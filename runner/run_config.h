@@ -83,9 +83,26 @@ void add_run_flags(CLI::App& app, RunConfig& config);
 // ("--x is not supported yet"), never silently ignored. Returns the offending flag names.
 std::vector<std::string> unsupported_flags_used(const CLI::App& app);
 
+// Upper bounds of values no run needs more of (the error gives the limit). Memory is estimated
+// per model before loading (runner::check_before_loading); these catch absurd values first.
+struct Limits {
+  static constexpr int kMaxSteps = 10000;
+  static constexpr int kMaxSide = 16384;  // --height / --width
+  static constexpr double kMaxGuidance = 1000.0;
+  static constexpr int kMaxSequenceLength = 65536;
+  static constexpr int kMaxBatchSize = 4096;
+  static constexpr int kMaxDegree = 65536;
+  static constexpr int kMaxIterations = 1000000;
+};
+
 // Checks values that are wrong for any model (zero steps, sizes not multiples of 16, NaN/inf
-// guidance, degrees < 1, ...). Throws xfuser::Error naming the flag, the value and what is
-// expected.
+// guidance, degrees < 1, values over Limits, ...). Throws xfuser::Error naming the flag, the
+// value and what is expected.
 void validate_values(const RunConfig& config);
+
+// The --seed range: an integer in [-2^63, 2^63) (torch.manual_seed's signed range; a negative
+// seed seeds the generator with its two's-complement value). Larger values are errors, never
+// clamped. Returns "" when `text` is valid, else the reason.
+std::string check_seed_text(const std::string& text);
 
 }  // namespace xfuser::runner

@@ -117,6 +117,44 @@ TEST(RunConfig, BadValuesNameTheFlag) {
   EXPECT_EQ(validation_error({"--height", "512", "--width", "768"}), "");
 }
 
+// Issue 14 item 5: absurd values are refused with the limit in the message (they used to reach
+// the kernel's OOM killer).
+TEST(RunConfig, AbsurdValuesAreRefusedWithTheLimit) {
+  EXPECT_EQ(validation_error({"--num_inference_steps", "2147483647"}),
+            "--num_inference_steps must be at most 10000 (got 2147483647)");
+  EXPECT_EQ(validation_error({"--batch_size", "100000"}),
+            "--batch_size must be at most 4096 (got 100000)");
+  EXPECT_EQ(validation_error({"--max_sequence_length", "2000000000"}),
+            "--max_sequence_length must be at most 65536 (got 2000000000)");
+  EXPECT_EQ(validation_error({"--num_iterations", "2000000000"}),
+            "--num_iterations must be at most 1000000 (got 2000000000)");
+  EXPECT_EQ(validation_error({"--true_cfg_scale", "1e30"}),
+            "--true_cfg_scale must be at most 1000 (got 1e+30): larger scales overflow the "
+            "latents");
+  EXPECT_EQ(validation_error({"--guidance_scale", "inf"}),
+            "--guidance_scale must be a finite number (got inf)");
+  EXPECT_EQ(validation_error({"--num_inference_steps", "10000", "--true_cfg_scale", "1000"}), "");
+}
+
+// Issue 14 item 6: seeds of 2^63 or more were clamped to 2^63 - 1 and recorded so; now the full
+// signed range is accepted and anything outside it is an error naming the range.
+TEST(RunConfig, SeedsOutsideTheSigned64BitRangeAreRejectedNotClamped) {
+  EXPECT_EQ(parse({"--seed", "9223372036854775807"}).seed, INT64_MAX);
+  EXPECT_EQ(parse({"--seed", "-9223372036854775808"}).seed, INT64_MIN);
+  EXPECT_EQ(parse({"--seed", "0"}).seed, 0);
+  for (const char* bad : {"9223372036854775808", "18446744073709551615", "-9223372036854775809",
+                          "99999999999999999999999"}) {
+    try {
+      parse({"--seed", bad});
+      FAIL() << "--seed " << bad << " was accepted";
+    } catch (const CLI::ValidationError& e) {
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("9223372036854775807"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(parse({"--seed", "12abc"}), CLI::ValidationError);
+}
+
 TEST(RunConfig, UnknownDtypeIsAParseError) {
   EXPECT_THROW(parse({"--dtype", "fp64"}), CLI::ValidationError);
 }

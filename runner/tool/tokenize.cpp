@@ -11,6 +11,7 @@
 
 #include "backends/error.h"
 #include "models/tokenizers/tokenizer.h"
+#include "runner/run_config.h"
 #include "runner/tool/commands.h"
 
 namespace xfuser::runner::tool {
@@ -45,6 +46,9 @@ void run_tokenize(const TokenizeOptions& options) {
   XF_CHECK(options.texts.empty() != options.input_file.empty(),
            "give the texts with either --text or --input (exactly one of them)");
   XF_CHECK(options.max_length > 0, "--max-length must be positive, got ", options.max_length);
+  XF_CHECK(options.max_length <= Limits::kMaxSequenceLength, "--max-length must be at most ",
+           Limits::kMaxSequenceLength, " tokens (got ", options.max_length,
+           "): every text is padded to it");
   const std::vector<std::string> texts =
       options.input_file.empty() ? options.texts : read_texts(options.input_file);
   const auto tokenizer = models::tokenizers::load_tokenizer(options.tokenizer_dir);
