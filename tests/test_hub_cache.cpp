@@ -49,6 +49,26 @@ TEST_F(HubCache, FindsTheRefsMainSnapshotUnderHfHome) {
   EXPECT_EQ(find_in_hub_cache("black-forest-labs/FLUX.1-dev"), want);
 }
 
+// Issue 14 item 9: a refs/main naming a missing snapshot is an error naming the ref and the
+// snapshot; it used to fall back silently to another snapshot.
+TEST_F(HubCache, ARefNamingAMissingSnapshotIsAnErrorNotAFallback) {
+  setenv("HF_HOME", (dir_ / "hf").c_str(), 1);
+  const fs::path repo = dir_ / "hf" / "hub" / "models--black-forest-labs--FLUX.1-dev";
+  make_snapshot(dir_ / "hf" / "hub", "aaaa");
+  fs::create_directories(repo / "refs");
+  std::ofstream(repo / "refs" / "main") << "bbbb\n";
+  try {
+    find_in_hub_cache("black-forest-labs/FLUX.1-dev");
+    FAIL() << "fell back to another snapshot";
+  } catch (const xfuser::Error& e) {
+    const std::string msg = e.message();
+    EXPECT_NE(msg.find((repo / "refs" / "main").string() + " names commit bbbb"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find((repo / "snapshots" / "bbbb").string() + " is missing"), std::string::npos)
+        << msg;
+  }
+}
+
 TEST_F(HubCache, HubCacheVariableWinsOverHome) {
   fs::path home_snap = make_snapshot(dir_ / "home" / ".cache/huggingface/hub", "h1");
   EXPECT_EQ(find_in_hub_cache("black-forest-labs/FLUX.1-dev"), home_snap);

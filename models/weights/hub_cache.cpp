@@ -50,8 +50,14 @@ fs::path find_in_hub_cache(const std::string& repo_id, const std::string& revisi
     std::ifstream ref(repo / "refs" / revision);
     std::string commit;
     if (ref && std::getline(ref, commit) && !trim(commit).empty()) {
+      // refs/<revision> names the snapshot to use: never another one in its place.
       const fs::path snap = snapshots / trim(commit);
-      if (fs::is_directory(snap, ec)) return snap;
+      XF_CHECK(fs::is_directory(snap, ec), (repo / "refs" / revision).string(), " names commit ",
+               trim(commit), " but its snapshot ", snap.string(),
+               " is missing (an interrupted download or a cleaned cache?). Fetch it again (e.g. "
+               "`huggingface-cli download ",
+               repo_id, "`), or fix or remove the ref to use another snapshot");
+      return snap;
     }
     fs::path newest;
     fs::file_time_type newest_time{};

@@ -16,7 +16,8 @@ std::vector<std::filesystem::path> hub_cache_roots();
 
 // The snapshot folder of `repo_id` ("org/name") in the first cache root that has it:
 // <root>/models--org--name/snapshots/<rev>, where <rev> is refs/<revision> (default "main") when
-// that ref exists, else the only snapshot, else the most recently modified one. Throws
+// that ref exists (a ref naming a missing snapshot is an error naming both, never a fallback),
+// else the only snapshot, else the most recently modified one. Throws
 // xfuser::Error listing every folder it looked in and how to fix it (download on a machine with
 // network access, or pass --model_path).
 std::filesystem::path find_in_hub_cache(const std::string& repo_id,
