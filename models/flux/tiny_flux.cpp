@@ -15,6 +15,7 @@
 
 #include "backends/error.h"
 #include "models/common/component.h"
+#include "models/common/pipeline_cache.h"
 #include "models/tokenizers/spm_library.h"
 #include "models/weights/safetensors.h"
 
@@ -378,46 +379,9 @@ void make_tiny_flux(const fs::path& out, uint64_t seed) {
 }
 
 fs::path ensure_tiny_flux(uint64_t seed) {
-  fs::path cache;
-  if (const char* v = std::getenv("XFUSER_CACHE"); v && *v) {
-    cache = v;
-  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
-    cache = fs::path(x) / "xfuser";
-  } else if (const char* h = std::getenv("HOME"); h && *h) {
-    cache = fs::path(h) / ".cache" / "xfuser";
-  } else {
-    cache = fs::temp_directory_path() / "xfuser-cache";
-  }
   // Versioned by layout so a future change of the tiny model never reuses an old folder.
-  const fs::path target = cache / ("tiny-flux-v1-seed" + std::to_string(seed));
-  std::error_code ec;
-  if (fs::exists(target / "model_index.json", ec)) return target;
-  fs::create_directories(cache, ec);
-  XF_CHECK(!ec, "cannot create the xfuser cache folder ", cache.string(), ": ", ec.message(),
-           " (set XFUSER_CACHE to a writable folder)");
-  // One builder at a time; others wait on the lock, then find the finished folder.
-  const fs::path lock_path = cache / ".tiny-flux.lock";
-  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  XF_CHECK(fd >= 0, "cannot open ", lock_path.string());
-  ::flock(fd, LOCK_EX);
-  try {
-    if (!fs::exists(target / "model_index.json", ec)) {
-      const fs::path tmp =
-          cache / (".tmp-" + target.filename().string() + "-" + std::to_string(::getpid()));
-      fs::remove_all(tmp, ec);
-      make_tiny_flux(tmp, seed);
-      fs::remove_all(target, ec);
-      fs::rename(tmp, target, ec);
-      XF_CHECK(!ec, "cannot move ", tmp.string(), " to ", target.string(), ": ", ec.message());
-    }
-  } catch (...) {
-    ::flock(fd, LOCK_UN);
-    ::close(fd);
-    throw;
-  }
-  ::flock(fd, LOCK_UN);
-  ::close(fd);
-  return target;
+  return ensure_cached_pipeline("tiny-flux-v1-seed" + std::to_string(seed),
+                                [seed](const fs::path& dir) { make_tiny_flux(dir, seed); });
 }
 
 }  // namespace xfuser::models::flux

@@ -1,0 +1,3 @@
+# Every family through the generic DiT path: whole pipelines against diffusers (the committed
+# tiny pipeline folders and references), every parallel layout of tiny-sd3 against one rank.
+xfuser_add_test(test_pipeline_parity.cpp LABELS unit fixture)
