@@ -321,6 +321,28 @@ TEST_F(CraftedClip, PadsWithThePadTokenOfTheConfig) {
   EXPECT_EQ(e.attention_mask, (Ids{1, 1, 1, 0, 0, 0}));
 }
 
+// Issue 14 item 10: a special token missing from vocab.json is reported by the tokenizer, naming
+// the file and the token (it used to get an id past the vocabulary and fail in the text model).
+TEST_F(CraftedClip, ASpecialTokenMissingFromTheVocabularyIsNamed) {
+  TempDir dir("xfuser-clip-missing");
+  write_crafted_clip(dir.path(), R"({"pad_token": "<|pad|>"})");
+  try {
+    ClipTokenizer::from_dir(dir.path());
+    FAIL() << "a pad token outside the vocabulary was accepted";
+  } catch (const xfuser::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("pad_token '<|pad|>' is not in " + (dir / "vocab.json").string()),
+              std::string::npos)
+        << msg;
+  }
+  // Declared as an added token of the folder, it has an id: accepted.
+  TempDir added("xfuser-clip-added");
+  write_crafted_clip(
+      added.path(),
+      R"({"pad_token": "<|pad|>", "added_tokens_decoder": {"18": {"content": "<|pad|>", "special": true}}})");
+  EXPECT_NO_THROW(ClipTokenizer::from_dir(added.path()));
+}
+
 TEST_F(CraftedClip, BatchKeepsOrder) {
   const auto batch = tokenizer_->encode(std::vector<std::string>{"cat", "", "hello"}, 4);
   ASSERT_EQ(batch.size(), 3u);
@@ -608,6 +630,16 @@ TEST(TokenizeTool, ReportsErrors) {
                   &log),
       0);
   EXPECT_NE(log.find("JSON array"), std::string::npos) << log;
+  // Issue 14 item 5: an absurd --max-length is refused with the limit (it used to allocate until
+  // the OOM killer ended the process).
+  write_crafted_clip(tmp.path());
+  EXPECT_NE(run_command(xfuser_tool().string() + " tokenize --tokenizer-dir " +
+                            tmp.path().string() + " --max-length 2000000000 --text hi",
+                        &log),
+            0);
+  EXPECT_NE(log.find("--max-length must be at most 65536 tokens (got 2000000000)"),
+            std::string::npos)
+      << log;
 }
 
 }  // namespace

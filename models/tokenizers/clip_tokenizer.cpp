@@ -158,6 +158,22 @@ std::unique_ptr<ClipTokenizer> ClipTokenizer::from_dir(const std::filesystem::pa
   if (folder.mentions("pad_token")) options.pad_token = folder.special_token("pad_token");
   options.additional_special_tokens = folder.additional_special_tokens();
   options.added_tokens = folder.added_tokens;
+  // The tokens every encoding uses must have ids the text model knows: in vocab.json or among
+  // the folder's added tokens. (transformers would append a new id past the vocabulary, which the
+  // text model then rejects as an input id far from the cause.)
+  std::vector<std::pair<std::string, std::string>> used = {{"bos_token", options.bos_token},
+                                                           {"eos_token", options.eos_token},
+                                                           {"unk_token", options.unk_token}};
+  if (options.pad_token) used.emplace_back("pad_token", *options.pad_token);
+  for (const auto& entry : used) {
+    const std::string& token = entry.second;
+    const bool added = std::any_of(options.added_tokens.begin(), options.added_tokens.end(),
+                                   [&](const AddedToken& t) { return t.content == token; });
+    XF_CHECK(vocab.count(token) || added, "CLIP tokenizer: the ", entry.first, " '", token,
+             "' is not in ", (dir / "vocab.json").string(),
+             " (nor an added token of the folder): the vocabulary does not match the "
+             "tokenizer's special tokens");
+  }
   return std::make_unique<ClipTokenizer>(std::move(vocab), std::move(merges), std::move(options));
 }
 
