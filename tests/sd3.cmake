@@ -3,3 +3,4 @@
 xfuser_add_test(test_sd3_transformer.cpp LABELS unit fixture)
 xfuser_add_test(test_sd3_tensor_parallel.cpp NP 2 TIMEOUT 300)
 xfuser_add_test(test_sd3_tiny.cpp)
+xfuser_add_test(test_sd3_sequence_parallel.cpp NP 2 TIMEOUT 300)
