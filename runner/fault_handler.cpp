@@ -52,8 +52,13 @@ void write_int(long v) {
 }
 
 void write_prefix() {
+  const int rank = process_rank();  // an atomic load: async-signal-safe
+  if (rank < 0) {                   // before the rank is known: no "[rank -1]"
+    write_str("xfuser: ");
+    return;
+  }
   write_str("xfuser: [rank ");
-  write_int(process_rank());  // an atomic load: async-signal-safe
+  write_int(rank);
   write_str("] ");
 }
 
@@ -125,7 +130,10 @@ void stop_handler(int sig) {
   write_prefix();
   write_str("received ");
   write_str(signal_name(sig));
-  write_str(": stopping after the current step (send it again to stop at once)\n");
+  write_str(
+      ": stopping after the current step (send it again to stop at once; under mpirun this "
+      "usually means the launcher is ending the job after another rank's error, reported "
+      "first)\n");
 }
 
 void terminate_handler() {

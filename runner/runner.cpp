@@ -20,9 +20,11 @@
 #include <sys/resource.h>
 
 #include "backends/error.h"
+#include "backends/tensor_util.h"
 #include "models/dit/dit_pipefusion.h"
 #include "models/registry.h"
 #include "models/weights/hub_cache.h"
+#include "models/weights/safetensors.h"
 #include "parallel/process_groups.h"
 #include "profiling/trace.h"
 #include "runner/dataset.h"
@@ -84,6 +86,74 @@ void remove_stale_temp_files(const ResolvedArgs& args, int64_t count) {
     spdlog::info("--resume: removing {} (left by an interrupted run)", entry.path().string());
     fs::remove(entry.path(), ec);
   }
+}
+
+// The parameters an image records (PNG text) and --resume compares: everything that changes the
+// pixels. `negative` is set when the prompt runs with true CFG.
+std::map<std::string, std::string> generation_text(const ResolvedArgs& args,
+                                                   const std::string& prompt,
+                                                   const std::optional<std::string>& negative,
+                                                   int64_t seed) {
+  const RunConfig& c = args.config;
+  std::map<std::string, std::string> text = {
+      {"Software", "xfuser"},
+      {"model", args.spec->id},
+      {"prompt", prompt},
+      {"seed", std::to_string(seed)},
+      {"num_inference_steps", std::to_string(c.num_inference_steps.value_or(0))},
+      {"guidance_scale", format_double(c.guidance_scale.value_or(0))},
+      {"max_sequence_length", std::to_string(c.max_sequence_length.value_or(0))},
+      {"size", std::to_string(c.height.value_or(0)) + "x" + std::to_string(c.width.value_or(0))},
+      {"dtype", c.dtype},
+      {"parallel",
+       "ulysses=" + std::to_string(c.ulysses_degree) + " ring=" + std::to_string(c.ring_degree) +
+           " pipefusion=" + std::to_string(c.pipefusion_parallel_degree) +
+           " tensor=" + std::to_string(c.tensor_parallel_degree) + " data=" +
+           std::to_string(c.data_parallel_degree) + " cfg=" + (c.use_cfg_parallel ? "2" : "1")}};
+  if (c.pipefusion_parallel_degree > 1) {
+    std::string layers;
+    for (auto n : c.pipefusion_layers) layers += (layers.empty() ? "" : ",") + std::to_string(n);
+    text["pipefusion"] = "patches=" + std::to_string(c.num_pipeline_patch) +
+                         " warmup_steps=" + std::to_string(c.pipefusion_warmup_steps) +
+                         " layers=" + (layers.empty() ? "balanced" : layers);
+  }
+  if (negative) {
+    text["negative_prompt"] = *negative;
+    text["true_cfg_scale"] = format_double(c.true_cfg_scale.value_or(1.0));
+  }
+  return text;
+}
+
+// What differs between the parameters an image records and those of this run ("" if none).
+std::string text_differences(const std::map<std::string, std::string>& recorded,
+                             const std::map<std::string, std::string>& wanted) {
+  std::string diff;
+  auto add = [&](const std::string& key, const std::string& was, const std::string& now) {
+    diff += (diff.empty() ? "" : ", ") + key + " '" + was + "' -> '" + now + "'";
+  };
+  for (const auto& [key, value] : wanted) {
+    const auto it = recorded.find(key);
+    if (it == recorded.end()) {
+      add(key, "(none)", value);
+    } else if (it->second != value) {
+      add(key, it->second, value);
+    }
+  }
+  for (const auto& [key, value] : recorded) {
+    if (!wanted.count(key)) add(key, value, "(none)");
+  }
+  return diff;
+}
+
+std::string likely_nonfinite_cause(const ResolvedArgs& args) {
+  const RunConfig& c = args.config;
+  if (c.true_cfg_scale.value_or(1.0) > 100 || c.guidance_scale.value_or(0) > 100) {
+    return "the guidance scale is very large (--guidance_scale " +
+           format_double(c.guidance_scale.value_or(0)) + ", --true_cfg_scale " +
+           format_double(c.true_cfg_scale.value_or(1.0)) + ")";
+  }
+  if (c.dtype == "fp16") return "an overflow in fp16 (try --dtype bf16 or fp32)";
+  return "NaN or Inf in the model's weights, or an overflow in " + c.dtype;
 }
 
 }  // namespace
@@ -158,6 +228,20 @@ ResolvedArgs Runner::preprocess_args() const {
   c.max_sequence_length = c.max_sequence_length.value_or(d.max_sequence_length);
   if (c.dtype.empty()) c.dtype = dtype_name(default_cpu_dtype());
   args.dtype = parse_dtype(c.dtype);
+  // Flags that would change nothing: one warning each, naming the flag.
+  if (!c.negative_prompt.empty() && spec.options.count("--true_cfg_scale") &&
+      *c.true_cfg_scale <= 1.0) {
+    spdlog::warn(
+        "--negative_prompt has no effect: {} uses it only with true CFG, --true_cfg_scale > 1 "
+        "(got {})",
+        spec.id, format_double(*c.true_cfg_scale));
+  }
+  if (!dataset && c.batch_size && static_cast<size_t>(*c.batch_size) >= c.prompt.size()) {
+    spdlog::warn(
+        "--batch_size {} has no effect: the {} --prompt(s) are denoised in one batch with or "
+        "without it",
+        *c.batch_size, c.prompt.size());
+  }
 
   // Every prompt of the run, with its negative prompt (if any) and seed. Per-row seeds default to
   // --seed: each prompt is seeded on its own, as a one-prompt run with that seed, so an image
@@ -195,14 +279,19 @@ ResolvedArgs Runner::preprocess_args() const {
   {
     at::Tensor todo = at::ones({static_cast<int64_t>(prompts.size())}, at::kByte);
     if (c.resume && (!groups_ || groups_->rank() == 0)) {
+      std::error_code ec;
+      if (fs::is_directory(c.output_directory, ec)) lock_output_directory();
       remove_stale_temp_files(args, static_cast<int64_t>(prompts.size()));
       for (size_t i = 0; i < prompts.size(); ++i) {
         const fs::path path = output_path(args, static_cast<int64_t>(i));
         std::map<std::string, std::string> text;
         if (!is_complete_png(path, *c.height, *c.width, &text)) continue;
-        if (text["prompt"] != prompts[i] || text["seed"] != std::to_string(seeds[i])) {
-          spdlog::warn("--resume: {} holds another prompt or seed; generating it again",
-                       path.string());
+        // Done only when every parameter the image records equals this run's.
+        const std::string diff =
+            text_differences(text, generation_text(args, prompts[i], negatives[i], seeds[i]));
+        if (!diff.empty()) {
+          spdlog::warn("--resume: {} was made with other parameters ({}); generating it again",
+                       path.string(), diff);
           continue;
         }
         todo.data_ptr<uint8_t>()[i] = 0;
@@ -237,6 +326,15 @@ ResolvedArgs Runner::preprocess_args() const {
     r.seeds.push_back(seeds[i]);
     args.prompt_indices.push_back(i);
   }
+  if (!c.latents.empty()) {
+    // Row i of the file is prompt i's; this group keeps the rows of its prompts.
+    const at::Tensor all = models::SafetensorsFile(c.latents).get("latents");
+    XF_CHECK(all.dim() >= 2 && all.size(0) == args.total_prompts, "--latents ", c.latents,
+             ": tensor 'latents' is ", xfuser::shape_string(all.sizes()), "; its first dimension must be the ",
+             args.total_prompts, " prompt(s) of this run");
+    std::vector<int64_t> rows(args.prompt_indices.begin(), args.prompt_indices.end());
+    r.latents = rows.empty() ? at::Tensor() : all.index_select(0, at::tensor(rows, at::kLong)).clone();
+  }
   r.height = *c.height;
   r.width = *c.width;
   r.num_inference_steps = *c.num_inference_steps;
@@ -264,20 +362,90 @@ fs::path resolve_model_dir(const ResolvedArgs& args) {
   return dir;
 }
 
+models::RunLayout run_layout(const ResolvedArgs& args) {
+  const RunConfig& c = args.config;
+  models::RunLayout l;
+  l.ulysses = c.ulysses_degree;
+  l.ring = c.ring_degree;
+  l.pipefusion = c.pipefusion_parallel_degree;
+  l.tensor = c.tensor_parallel_degree;
+  l.cfg = c.use_cfg_parallel ? 2 : 1;
+  l.data = c.data_parallel_degree;
+  l.pipefusion_layers = c.pipefusion_layers;
+  l.num_pipeline_patch = c.num_pipeline_patch;
+  l.height = c.height.value_or(0);
+  l.width = c.width.value_or(0);
+  l.max_sequence_length = c.max_sequence_length.value_or(0);
+  l.batch_size = args.batch_size > 0
+                     ? args.batch_size
+                     : std::max<int>(1, static_cast<int>(args.request.prompts.size()));
+  l.true_cfg =
+      c.true_cfg_scale.value_or(1.0) > 1.0 && !args.has_negative.empty() &&
+      std::all_of(args.has_negative.begin(), args.has_negative.end(), [](bool b) { return b; });
+  // A dp group without prompts has nothing to check against true CFG.
+  if (args.has_negative.empty())
+    l.true_cfg = c.true_cfg_scale.value_or(1.0) > 1.0 && !c.negative_prompt.empty();
+  l.enable_tiling = c.enable_tiling;
+  l.bytes_per_element = static_cast<int>(c10::elementSize(args.dtype));
+  l.threads = at::get_num_threads();
+  return l;
+}
+
+uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t value = 0, total = 0;
+  std::string unit;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:" || key == "SwapFree:") total += value * 1024;
+  }
+  return total;
+}
+
+std::optional<models::MemoryEstimate> check_before_loading(const ResolvedArgs& args,
+                                                           const fs::path& model_dir) {
+  XF_CONTEXT("checking the run against ", model_dir.string());
+  if (!args.spec->check_run) return std::nullopt;
+  const models::MemoryEstimate m = args.spec->check_run(model_dir, run_layout(args));
+  // Ranks on this node share its memory.
+  int local = 1;
+  if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+    local = std::max(1, std::atoi(env));
+  const uint64_t need = m.total() * static_cast<uint64_t>(local);
+  const uint64_t have = available_memory_bytes();
+  auto gib = [](uint64_t b) {
+    return format_double(std::round(b / 1073741824.0 * 100) / 100) + " GiB";
+  };
+  XF_CHECK(have == 0 || need <= have, "this run needs about ", gib(need), " of memory (",
+           local > 1 ? std::to_string(local) + " ranks x " : std::string(), "weights ",
+           gib(m.weights), ", activations ", gib(m.activations), ", attention ", gib(m.attention),
+           " per rank at ", args.config.height.value_or(0), "x", args.config.width.value_or(0),
+           ", batch ", run_layout(args).batch_size, ", ", args.config.dtype, "), but ", gib(have),
+           " is available (MemAvailable + SwapFree): lower --height/--width or --batch_size, use "
+           "--enable_tiling, or spread the model over more ranks");
+  return m;
+}
+
 fs::path output_path(const ResolvedArgs& args, int64_t index) {
   const RunConfig& c = args.config;
   return fs::path(c.output_directory) /
          output_file_name(args.spec->id, c.ulysses_degree, c.ring_degree, c.use_torch_compile,
-                          c.height.value_or(0), c.width.value_or(0), index, "png");
+                          c.height.value_or(0), c.width.value_or(0), index, "png",
+                          {c.tensor_parallel_degree, c.pipefusion_parallel_degree,
+                           c.use_cfg_parallel ? 2 : 1, c.data_parallel_degree});
 }
 
 void Runner::initialize(const ResolvedArgs& args) {
   const models::ModelSpec& spec = *args.spec;
   ensure_writable_directory(args.config.output_directory);
+  lock_output_directory();
   check_free_space(args.config.output_directory, estimated_output_bytes(args),
                    "this rank's images and reports");
   check_stop_requested("before loading the model");
   model_dir_ = resolve_model_dir(args);
+  // The layout against the model's configs and the memory the run needs, before any weight.
+  check_before_loading(args, model_dir_);
   spdlog::info("loading {} from {} ({})", spec.id, model_dir_.string(), args.config.dtype);
   model_ = spec.create(spec);
   model_->set_process_groups(groups_);
@@ -309,6 +477,12 @@ void Runner::initialize(const ResolvedArgs& args) {
   });
 }
 
+void Runner::lock_output_directory() const {
+  // One rank per job holds the lock: ranks of one job share the folder.
+  if (lock_ || (groups_ && groups_->rank() != 0)) return;
+  lock_ = std::make_unique<OutputDirectoryLock>(config_.output_directory);
+}
+
 uint64_t Runner::estimated_output_bytes(const ResolvedArgs& args) const {
   // PNG: at most the raw pixels plus one filter byte per row, deflate's stored-block overhead
   // (5 bytes per 64 KiB) and the text chunks; the JSON reports are small.
@@ -337,6 +511,7 @@ RunResult Runner::run(const ResolvedArgs& args) {
     check_stop_requested("before iteration " + std::to_string(i + 1));
     if (groups_) groups_->reset_stats();  // count each timed iteration on its own
     auto out = model_->generate(args.request);
+    check_finite(args, out);
     if (groups_) result.comm.push_back(groups_->stats());
     result.iteration_prompts.push_back(args.prompt_indices);
     spdlog::info("iteration {}/{}: {:.3f} s", i + 1, args.config.num_iterations, out.total_seconds);
@@ -361,28 +536,42 @@ RunResult Runner::run(const ResolvedArgs& args) {
   return result;
 }
 
+void Runner::check_finite(const ResolvedArgs& args, const models::GenerationOutput& out) const {
+  if (!out.latents.defined()) return;
+  // One reduction over the final latents: a NaN or Inf in any step propagates to them.
+  if (at::isfinite(out.latents).all().item<bool>()) return;
+  int64_t bad_rows = 0;
+  const at::Tensor per_row = at::isfinite(out.latents.reshape({out.latents.size(0), -1})).all(1);
+  bad_rows = out.latents.size(0) - per_row.sum().item<int64_t>();
+  XF_THROW("the latents are not finite (NaN or Inf) after the ", args.request.num_inference_steps,
+           " denoising steps (", bad_rows, " of ", out.latents.size(0),
+           " prompt(s) of the batch); the image would be black. Likely cause: ",
+           likely_nonfinite_cause(args));
+}
+
 fs::path Runner::write_image(const ResolvedArgs& args, size_t i, const at::Tensor& image) const {
-  const RunConfig& c = args.config;
-  std::map<std::string, std::string> text = {
-      {"Software", "xfuser"},
-      {"model", args.spec->id},
-      {"prompt", args.request.prompts[i]},
-      {"seed", std::to_string(args.request.seeds[i])},
-      {"num_inference_steps", std::to_string(args.request.num_inference_steps)},
-      {"guidance_scale", format_double(args.request.guidance_scale)},
-      {"size", std::to_string(args.request.height) + "x" + std::to_string(args.request.width)},
-      {"dtype", c.dtype},
-      {"parallel",
-       "ulysses=" + std::to_string(c.ulysses_degree) + " ring=" + std::to_string(c.ring_degree) +
-           " pipefusion=" + std::to_string(c.pipefusion_parallel_degree) +
-           " tensor=" + std::to_string(c.tensor_parallel_degree) + " data=" +
-           std::to_string(c.data_parallel_degree) + " cfg=" + (c.use_cfg_parallel ? "2" : "1")}};
+  std::optional<std::string> negative;
   if (args.has_negative.size() > i && args.has_negative[i]) {
-    text["negative_prompt"] = args.request.negative_prompts[i];
-    text["true_cfg_scale"] = format_double(args.request.true_cfg_scale);
+    negative = args.request.negative_prompts[i];
   }
   const fs::path path = output_path(args, args.prompt_indices[i]);
-  write_png(path, image, text);
+  write_png(path, image,
+            generation_text(args, args.request.prompts[i], negative, args.request.seeds[i]));
+  return path;
+}
+
+fs::path Runner::write_latents(const ResolvedArgs& args, size_t i,
+                               const models::GenerationOutput& out, int64_t row) const {
+  fs::path path = output_path(args, args.prompt_indices[i]);
+  path.replace_extension(".latents.safetensors");
+  XF_CHECK(out.initial_latents.defined() && out.latents.defined(), args.spec->id,
+           " reports no latents to save (--save_latents)");
+  models::save_safetensors(path.string(),
+                           {{"latents", out.initial_latents.narrow(0, row, 1).to(at::kFloat)},
+                            {"final_latents", out.latents.narrow(0, row, 1).to(at::kFloat)}},
+                           {{"model", args.spec->id},
+                            {"prompt", args.request.prompts[i]},
+                            {"seed", std::to_string(args.request.seeds[i])}});
   return path;
 }
 
@@ -418,6 +607,10 @@ RunResult Runner::run_batched(const ResolvedArgs& args) {
       if (args.has_negative[i]) r.negative_prompts.push_back(req.negative_prompts[i]);
       r.seeds.push_back(req.seeds[i]);
     }
+    if (req.latents.defined()) {
+      std::vector<int64_t> picked(rows.begin(), rows.end());
+      r.latents = req.latents.index_select(0, at::tensor(picked, at::kLong));
+    }
     return r;
   };
   for (int i = 0; i < args.config.warmup_calls; ++i) {
@@ -425,18 +618,27 @@ RunResult Runner::run_batched(const ResolvedArgs& args) {
     for (const auto& call : batches.front()) model_->generate(sub_request(call));
   }
   const bool writer = writes_images();
-  Progress progress(static_cast<int64_t>(n), writer && isatty(STDERR_FILENO));
-  if (writer) {
+  // World rank 0 shows the progress of its data-parallel group (images and steps); the writing
+  // rank logs every image as it is written.
+  const bool shows = rank() == 0;
+  Progress progress(static_cast<int64_t>(n), shows && isatty(STDERR_FILENO), stderr, shows);
+  if (shows) {
     spdlog::info("{} prompt(s) in {} batch(es) of up to {} on this data-parallel group", n,
                  batches.size(), b);
-    model_->set_step_callback([&progress](int step, int steps) { progress.step(step, steps); });
   }
+  model_->set_step_callback([&progress](int step, int steps) {
+    progress.step(step, steps);
+    check_stop_requested("after denoising step " + std::to_string(step) + "/" +
+                         std::to_string(steps));
+  });
+  int64_t written = 0;
   for (int it = 0; it < args.config.num_iterations; ++it) {
     for (const auto& batch : batches) {
       double seconds = 0;
       for (const auto& call : batch) {
         if (groups_) groups_->reset_stats();
         auto out = model_->generate(sub_request(call));
+        check_finite(args, out);
         if (groups_) result.comm.push_back(groups_->stats());
         seconds += out.total_seconds;
         std::vector<int64_t> indices;
@@ -445,13 +647,18 @@ RunResult Runner::run_batched(const ResolvedArgs& args) {
           // The first iteration writes the images, batch by batch (later ones only time).
           if (it == 0 && writer) {
             result.written.push_back(write_image(args, call[k], out.images[k]));
+            if (args.config.save_latents) {
+              result.written.push_back(write_latents(args, call[k], out, k));
+            }
+            spdlog::info("wrote {} ({}/{} on this data-parallel group)",
+                         result.written.back().string(), ++written, n);
           }
         }
         result.iteration_prompts.push_back(std::move(indices));
         result.iterations.push_back(std::move(out));
       }
       result.iteration_seconds.push_back(seconds);
-      if (it == 0 && writer) {
+      if (it == 0) {
         size_t prompts = 0;
         for (const auto& call : batch) prompts += call.size();
         progress.batch_done(static_cast<int64_t>(prompts), seconds);
@@ -494,9 +701,19 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
   const int64_t images = writes_images() && result.images.defined() ? result.images.size(0) : 0;
   for (int64_t i = 0; i < images; ++i) {
     written.push_back(write_image(args, static_cast<size_t>(i), result.images[i]));
+    if (c.save_latents && !result.iterations.empty()) {
+      written.push_back(write_latents(args, static_cast<size_t>(i), result.iterations.back(), i));
+    }
+  }
+  // --resume with nothing left to generate: the earlier run's reports stay as they are (never
+  // replaced by empty ones).
+  const bool nothing_ran = c.resume && result.iterations.empty();
+  if (nothing_ran) {
+    spdlog::info("--resume: nothing generated on this rank; its earlier timings_rank{}.json kept",
+                 rank());
   }
   // Every rank: its own run report.
-  {
+  if (!nothing_ran) {
     nlohmann::json report;
     report["schema"] = "xfuser.timings_rank";
     report["version"] = kRunReportSchemaVersion;
@@ -599,7 +816,10 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
   const std::vector<double> seconds = args.batch_size > 0
                                           ? gather_batch_seconds(args, result.iteration_seconds)
                                           : result.iteration_seconds;
-  if (writes_timings()) {
+  if (writes_timings() && c.resume && seconds.empty()) {
+    spdlog::info("--resume: every output was complete; the earlier {} is kept",
+                 (dir / "timings.json").string());
+  } else if (writes_timings()) {
     nlohmann::json timings = seconds;
     write_file_atomic(dir / "timings.json", timings.dump() + "\n");
     written.push_back(dir / "timings.json");

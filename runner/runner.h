@@ -20,13 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "models/registry.h"
 #include "models/xfuser_model.h"
 #include "parallel/communicator.h"
+#include "runner/outputs.h"
 #include "runner/run_config.h"
 
-namespace xfuser::models {
-struct ModelSpec;
-}
 namespace xfuser::parallel {
 class ProcessGroups;
 }
@@ -98,11 +97,19 @@ class Runner {
 
  private:
   bool writes_images() const;
+  // Takes the output folder's lock (world rank 0; once): a second run into it is refused.
+  void lock_output_directory() const;
+  // Fails naming the step range and the likely cause when a generation's latents are not finite.
+  void check_finite(const ResolvedArgs& args, const models::GenerationOutput& out) const;
   // Upper bound of the bytes this rank writes to --output_directory (checked before loading).
   uint64_t estimated_output_bytes(const ResolvedArgs& args) const;
   RunResult run_batched(const ResolvedArgs& args);
   std::filesystem::path write_image(const ResolvedArgs& args, size_t local_index,
                                     const at::Tensor& image) const;
+  // --save_latents: row `row` of a generation's initial and final latents beside the image of
+  // prompt `local_index`.
+  std::filesystem::path write_latents(const ResolvedArgs& args, size_t local_index,
+                                      const models::GenerationOutput& out, int64_t row) const;
   std::vector<double> gather_batch_seconds(const ResolvedArgs& args,
                                            const std::vector<double>& mine) const;
   int rank() const;
@@ -112,7 +119,18 @@ class Runner {
   std::shared_ptr<parallel::ProcessGroups> groups_;
   std::unique_ptr<models::XFuserModel> model_;
   std::filesystem::path model_dir_;
+  mutable std::unique_ptr<OutputDirectoryLock> lock_;
 };
+
+// The layout a model checks (ModelSpec::check_run) for these arguments.
+models::RunLayout run_layout(const ResolvedArgs& args);
+
+// The one validation run before any weight is read, by xfuser-run (Runner::initialize) and
+// `xfuser validate`: the model's layout check against `model_dir`'s configs and weight headers
+// (degrees, sizes, guidance), then its memory estimate against this machine's available memory
+// (times the ranks on this node). Returns the estimate (nullopt: the model has no check).
+std::optional<models::MemoryEstimate> check_before_loading(const ResolvedArgs& args,
+                                                           const std::filesystem::path& model_dir);
 
 // The pipeline folder of a run: --model_path, the embedded tiny model (built on first use), or
 // the model's repo in the Hugging Face cache; checked to hold model_index.json.

@@ -1,5 +1,6 @@
 // `xfuser-run`: generate images with a registered model, on one rank or under mpirun.
 // Flags follow xDiT's runner (see `xfuser-run --help` and README.md).
+#include <cstdlib>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -17,9 +18,27 @@
 #include "runner/run_config.h"
 #include "runner/runner.h"
 
+namespace {
+
+// After an error on a multi-rank run: every rank is ended through MPI_Abort. Open MPI then
+// prints its own follow-up (the MPI_ABORT banner, ORTE_ERROR_LOG lines, the other ranks'
+// "received SIGTERM"), which is the consequence of the error above, not another one: say so.
+void end_job(int world_size) {
+  if (world_size <= 1) return;
+  spdlog::error(
+      "ending every rank of the job (MPI_Abort): the Open MPI messages that follow (MPI_ABORT "
+      "was invoked, ORTE_ERROR_LOG, other ranks' \"received SIGTERM\") are its consequence, not "
+      "further errors");
+  xfuser::parallel::MpiEnvironment::abort(1);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace xfuser;
-  runner::install_fault_handlers(-1);
+  // The launcher's rank (if any) until MPI is up, so early messages name it.
+  const char* launcher_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  runner::install_fault_handlers(launcher_rank ? std::atoi(launcher_rank) : -1);
   runner::RunConfig config;
   CLI::App app{"xfuser-run: parallel diffusion-transformer inference (xDiT's runner, natively)"};
   runner::add_run_flags(app, config);
@@ -82,12 +101,13 @@ int main(int argc, char** argv) {
     }
     runner.cleanup();
   } catch (const xfuser::Error& e) {
+    // The first line is the reason; the context and the source location follow.
     spdlog::error("{}", e.what());
-    if (world_size > 1) parallel::MpiEnvironment::abort(1);
+    end_job(world_size);
     return 1;
   } catch (const std::exception& e) {
     spdlog::error("unexpected error: {}", e.what());
-    if (world_size > 1) parallel::MpiEnvironment::abort(1);
+    end_job(world_size);
     return 1;
   }
   return 0;

@@ -5,6 +5,7 @@
 // and are added with them.
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -44,6 +45,8 @@ struct Case {
   std::function<std::string(const fs::path& pipe, const fs::path& out)> args;
   std::vector<std::string> expected;
   int np = 1;  // > 1: under mpirun
+  // Texts the output must not contain (e.g. "loading": the error comes before any weight).
+  std::vector<std::string> absent = {};
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -133,6 +136,24 @@ std::vector<Case> cases() {
       flags("ZeroIterations", kRun + "--num_iterations 0",
             {"--num_iterations must be >= 1 (got 0)"}),
       flags("NotYetSupportedFlag", kRun + "--use_fsdp", {"--use_fsdp is not supported yet"}),
+      // ---- absurd values: refused with the limit (issue 14 items 3, 5, 6) ----
+      flags("AbsurdStepCount", kRun + "--num_inference_steps 2147483647",
+            {"--num_inference_steps must be at most 10000 (got 2147483647)"}),
+      flags("AbsurdTrueCfgScale", kRun + "--negative_prompt y --true_cfg_scale 1e30",
+            {"--true_cfg_scale must be at most 1000 (got 1e+30)"}),
+      flags("SeedAbove2To63", kRun + "--seed 9223372036854775808",
+            {"--seed 9223372036854775808 is out of range", "9223372036854775807]"}),
+      {"TooLargeForThisMachine",
+       [](const fs::path&, const fs::path& out) {
+         std::string prompts;
+         for (int i = 0; i < 8; ++i) prompts += " --prompt p" + std::to_string(i);
+         return "--model tiny-flux --height 16384 --width 16384" + prompts +
+                " --output_directory " + out.string();
+       },
+       {"this run needs about", "GiB of memory (weights", "at 16384x16384, batch 8",
+        "is available (MemAvailable + SwapFree)"},
+       1,
+       {"loading tiny-flux"}},
       {"OutputFolderCannotBeCreated",
        [](const fs::path&, const fs::path&) {
          return kRun + " --output_directory /proc/xfuser-out/images";
@@ -222,6 +243,37 @@ std::vector<Case> cases() {
       pipeline("MissingModelIndex", [](const fs::path& p) { fs::remove(p / "model_index.json"); },
                {"has no model_index.json"}),
 
+      // ---- non-finite results (issue 14 item 4) ----
+      pipeline("NanWeights",
+               [](const fs::path& p) {
+                 rewrite_tensors(p / kTransformer, [](auto& t) { t[kQ].fill_(NAN); });
+               },
+               {"the latents are not finite (NaN or Inf) after the 4 denoising steps",
+                "Likely cause: NaN or Inf in the model's weights"}),
+
+      // ---- layouts the model cannot run: refused before any weight is read (item 3) ----
+      {"CfgParallelWithoutTrueCfg",
+       [](const fs::path&, const fs::path& out) {
+         return kRun + " --use_cfg_parallel --output_directory " + out.string();
+       },
+       {"--use_cfg_parallel needs true CFG"},
+       2,
+       {"loading tiny-flux"}},
+      {"TensorParallelOverMoreRanksThanHeads",
+       [](const fs::path&, const fs::path& out) {
+         return kRun + " --tensor_parallel_degree 3 --output_directory " + out.string();
+       },
+       {"--tensor_parallel_degree 3 does not divide the 2 attention heads"},
+       3,
+       {"loading tiny-flux"}},
+      {"PipeFusionWithMoreStagesThanBlocks",
+       [](const fs::path&, const fs::path& out) {
+         return kRun + " --pipefusion_parallel_degree 5 --output_directory " + out.string();
+       },
+       {"--pipefusion_parallel_degree 5 exceeds the 4 transformer blocks"},
+       5,
+       {"loading tiny-flux"}},
+
       // ---- environment: every rank ends, non-zero ----
       {"WorldSizeSmallerThanDegrees",
        [](const fs::path&, const fs::path& out) {
@@ -291,11 +343,50 @@ TEST_P(BadInput, FailsWithANamedErrorAndWritesNothing) {
   for (const auto& text : c.expected) {
     EXPECT_NE(log.find(text), std::string::npos) << "expected '" << text << "' in:\n" << log;
   }
+  for (const auto& text : c.absent) {
+    EXPECT_EQ(log.find(text), std::string::npos) << "unexpected '" << text << "' in:\n" << log;
+  }
   EXPECT_TRUE(fs::is_empty(out)) << "a failed run wrote files";
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, BadInput, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
+
+// Issue 14 item 8: a run into a folder another run is writing is refused at once, naming the
+// folder (the test holds the folder's lock as a running xfuser-run does).
+TEST(BadInputLockedFolder, ARunIntoAFolderAnotherRunHoldsIsRefused) {
+  xfuser::testing::TempDir cache("xfuser-bad-cache"), out;
+  xfuser::runner::OutputDirectoryLock held(out.path());
+  std::string log;
+  const int code = xfuser::testing::run_command("XFUSER_CACHE=" + cache.path().string() +
+                                                    " timeout 120 " + bin("xfuser-run") + kRun +
+                                                    " --output_directory " + out.path().string(),
+                                                &log);
+  EXPECT_NE(code, 0) << log;
+  EXPECT_NE(
+      log.find("--output_directory " + out.path().string() + " is in use by another xfuser-run"),
+      std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("loading tiny-flux"), std::string::npos) << log;
+  EXPECT_TRUE(fs::is_empty(out.path()));
+}
+
+// Issue 14 item 12: the first line of a failed multi-rank run is the reason, and Open MPI's
+// follow-up is announced as its consequence.
+TEST(BadInputErrorOutput, TheFirstLineIsTheReason) {
+  xfuser::testing::TempDir cache("xfuser-bad-cache"), out;
+  std::string cmd = "XFUSER_CACHE=" + cache.path().string() +
+                    " OMP_NUM_THREADS=1 timeout 120 mpirun -np 2 --oversubscribe ";
+  if (::geteuid() == 0) cmd += "--allow-run-as-root ";
+  cmd += "-x XFUSER_CACHE -x OMP_NUM_THREADS " + bin("xfuser-run") + kRun +
+         " --ulysses_degree 2 --num_inference_steps 0 --output_directory " + out.path().string();
+  std::string log;
+  EXPECT_NE(xfuser::testing::run_command(cmd, &log), 0);
+  const std::string first = log.substr(0, log.find('\n'));
+  EXPECT_NE(first.find("--num_inference_steps must be >= 1 (got 0)"), std::string::npos) << log;
+  EXPECT_NE(log.find("are its consequence, not further errors"), std::string::npos) << log;
+  EXPECT_EQ(log.find("[rank -1]"), std::string::npos) << log;
+}
 
 // The free-space check runs before any compute: a run that cannot fit is refused with the sizes.
 TEST(BadInputFreeSpace, AFullOutputFolderIsRefusedWithTheSizes) {

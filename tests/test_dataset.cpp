@@ -185,7 +185,18 @@ TEST(Progress, EtaAndDurations) {
   std::rewind(sink);
   char buf[256] = {};
   const size_t n = std::fread(buf, 1, sizeof buf - 1, sink);
-  EXPECT_NE(std::string(buf, n).find("2/4 prompts"), std::string::npos) << std::string(buf, n);
+  EXPECT_NE(std::string(buf, n).find("2/4 images"), std::string::npos) << std::string(buf, n);
+  // Steps of the running batch count as a fraction of it (its size: the last batch's).
+  p.step(1, 2);
+  EXPECT_DOUBLE_EQ(p.done_fraction(), 3.0);
+  const std::string status = p.status();
+  EXPECT_NE(status.find("2/4 images (batch 2 step 1/2)"), std::string::npos) << status;
+  EXPECT_NE(status.find("images/s"), std::string::npos) << status;
+  EXPECT_NE(status.find("left"), std::string::npos) << status;
+  EXPECT_GT(p.rate(), 0);
+  p.batch_done(2, 0.1);
+  EXPECT_DOUBLE_EQ(p.done_fraction(), 4.0);
+  EXPECT_NEAR(p.eta_seconds(), 0.0, 1e-9);
   std::fclose(sink);
 }
 

@@ -58,8 +58,10 @@ const char* kCommon =
     " --model tiny-flux --height 256 --width 256 --num_inference_steps 12 --dtype fp32 "
     "--max_sequence_length 16 --true_cfg_scale 3";
 
-std::string name(int64_t index) {
-  return "tiny-flux_u1r1_tc_False_256x256_" + std::to_string(index) + ".png";
+// The dataset run's names carry its data-parallel degree (_dp2); a one-prompt run's do not.
+std::string name(int64_t index, int dp = 2) {
+  return "tiny-flux_u1r1" + (dp > 1 ? "_dp" + std::to_string(dp) : std::string()) +
+         "_tc_False_256x256_" + std::to_string(index) + ".png";
 }
 
 struct FileState {
@@ -205,7 +207,7 @@ TEST(DatasetRun, BatchedOverDataParallelEqualsSingleRunsAndResumes) {
     // of 1 and move a rare pixel by 1 (the serial-vs-parallel bar of test_xfuser_run). Seeds,
     // negative prompts and indices must match exactly.
     const auto [diff, count] =
-        pixel_diff(out / name(i), work / ("single" + std::to_string(i)) / name(0));
+        pixel_diff(out / name(i), work / ("single" + std::to_string(i)) / name(0, 1));
     std::printf("prompt %lld: max pixel difference to its one-prompt run %d (%lld values)\n",
                 static_cast<long long>(i), diff, static_cast<long long>(count));
     EXPECT_LE(diff, 1) << "prompt " << i;
@@ -228,9 +230,12 @@ TEST(DatasetRun, BatchedOverDataParallelEqualsSingleRunsAndResumes) {
   EXPECT_EQ(timings.size(), batches) << timings.dump();
   for (const auto& t : timings) EXPECT_GT(t.get<double>(), 0.0);
 
-  // Everything complete: a second --resume generates nothing and still succeeds.
+  // Everything complete: a second --resume generates nothing, still succeeds, and keeps the
+  // timings of the run that did the work (issue 14 item 1).
+  const std::string timings_before = slurp(out / "timings.json");
   ASSERT_EQ(run_command("timeout 300 " + dataset_cmd + " --resume", &log), 0) << log;
   EXPECT_NE(log.find("5 of 5 outputs complete"), std::string::npos) << log;
+  EXPECT_EQ(slurp(out / "timings.json"), timings_before);
 }
 
 TEST(DatasetRun, BadDatasetsFailBeforeLoadingWithTheirLine) {

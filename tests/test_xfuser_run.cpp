@@ -280,15 +280,15 @@ TEST_F(XfuserRun, UnderMpirunEveryStrategyWritesTheSerialImages) {
   struct Case {
     int np;
     std::string flags;
-    std::string tag;  // u/r part of the file names
+    std::string tag;  // layout part of the file names (u/r, then tp/pp/cfg/dp when not 1)
   };
   for (const Case& c :
        {Case{2, "--ulysses_degree 2", "u2r1"}, Case{2, "--ring_degree 2", "u1r2"},
-        Case{2, "--use_cfg_parallel", "u1r1"},
-        Case{4, "--data_parallel_degree 2 --ulysses_degree 2", "u2r1"},
-        Case{4, "--use_cfg_parallel --ring_degree 2", "u1r2"},
-        Case{2, "--tensor_parallel_degree 2", "u1r1"},
-        Case{4, "--tensor_parallel_degree 2 --ulysses_degree 2 --use_parallel_vae", "u2r1"}}) {
+        Case{2, "--use_cfg_parallel", "u1r1_cfg2"},
+        Case{4, "--data_parallel_degree 2 --ulysses_degree 2", "u2r1_dp2"},
+        Case{4, "--use_cfg_parallel --ring_degree 2", "u1r2_cfg2"},
+        Case{2, "--tensor_parallel_degree 2", "u1r1_tp2"},
+        Case{4, "--tensor_parallel_degree 2 --ulysses_degree 2 --use_parallel_vae", "u2r1_tp2"}}) {
     xfuser::testing::TempDir out;
     ASSERT_EQ(xfuser::testing::run_command(mpirun(c.np) + bin + common + " " + c.flags +
                                                " --output_directory " + out.path().string(),
@@ -426,7 +426,27 @@ TEST_F(XfuserRun, ValidateChecksFlagsMeshAndWeightsWithoutRunning) {
       << log;
   EXPECT_NE(log.find("transformer: ok (FluxTransformer2DModel"), std::string::npos) << log;
   EXPECT_NE(log.find("valid"), std::string::npos) << log;
+  EXPECT_NE(log.find("layout: ok"), std::string::npos) << log;
+  EXPECT_NE(log.find("memory: ok (about "), std::string::npos) << log;
   EXPECT_TRUE(fs::is_empty(out.path()));  // nothing generated or written
+  // Issue 14 item 3: layouts that pass the mesh but not the model fail here as in xfuser-run
+  // (the same check, before any weight is read), and absurd guidance is refused.
+  for (const auto& [flags, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"--use_cfg_parallel --world_size 2", "--use_cfg_parallel needs true CFG"},
+           {"--tensor_parallel_degree 3 --world_size 3",
+            "--tensor_parallel_degree 3 does not divide the 2 attention heads"},
+           {"--pipefusion_parallel_degree 5 --world_size 5",
+            "--pipefusion_parallel_degree 5 exceeds the 4 transformer blocks"},
+           {"--pipefusion_parallel_degree 2 --num_pipeline_patch 9 --world_size 2",
+            "--num_pipeline_patch 9 must be between 1 and the"},
+           {"--guidance_scale 1e30", "--guidance_scale must be at most 1000"},
+           {"--height 16384 --width 16384 --prompt y --prompt z --prompt w --prompt v "
+            "--prompt u --prompt t --prompt s",
+            "this run needs about"}}) {
+    EXPECT_NE(xfuser::testing::run_command(base + " " + flags, &log), 0) << flags;
+    EXPECT_NE(log.find(expected), std::string::npos) << flags << "\n" << log;
+    EXPECT_EQ(log.find("transformer: ok"), std::string::npos) << flags << "\n" << log;
+  }
   // Degrees that do not fit the world size.
   EXPECT_NE(xfuser::testing::run_command(base + " --ulysses_degree 2", &log), 0);
   EXPECT_NE(log.find("but the world size is 1"), std::string::npos) << log;
