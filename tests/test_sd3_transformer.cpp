@@ -348,6 +348,18 @@ TEST_F(SD3Test, EmbedOfATokenSubsetIsTheRowsOfTheFullEmbed) {
   }
 }
 
+TEST_F(SD3Test, TimestepIsReadAsFloatAndBroadcasts) {
+  const auto c = patch2_config();
+  SD3Transformer2DModel model(c);
+  model.init_random(6, 0.2);
+  auto in = random_inputs(c, 2, 8, 8, 3);  // int64 timesteps [500, 500]
+  auto want = model.call("forward", in).at("sample");
+  in["timestep"] = at::tensor({500.0f});  // float, one value for the batch
+  EXPECT_TRUE(at::allclose(model.call("forward", in).at("sample"), want, 1e-6, 1e-7));
+  in["timestep"] = at::tensor({500.0f, 20.0f});
+  EXPECT_FALSE(at::allclose(model.call("forward", in).at("sample"), want, 1e-3, 1e-4));
+}
+
 // ---- parts, hook, counts ------------------------------------------------------------------------
 
 TEST_F(SD3Test, TwoPartsChainedEqualTheWholeModel) {
