@@ -343,6 +343,9 @@ TEST_F(SD3Test, EmbedOfATokenSubsetIsTheRowsOfTheFullEmbed) {
     // Equal up to the matmul's blocking (BLAS sums in a row-count dependent order).
     EXPECT_LE(max_rel_error(part.hidden, full.hidden.narrow(1, a, b - a)), 1e-6)
         << "tokens [" << a << ", " << b << ")";
+    // Integer ids embed as the float ones.
+    sub.token_ids = sub.token_ids.to(at::kLong);
+    EXPECT_TRUE(at::equal(model.embed(sub).hidden, part.hidden));
     EXPECT_TRUE(at::equal(part.temb, full.temb));
     EXPECT_TRUE(at::equal(part.context, full.context));
   }
