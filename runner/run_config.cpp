@@ -95,6 +95,14 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
       ->capture_default_str();
   app.add_option("--input_images", c.input_images, "Input image paths for image-to-image/video")
       ->group(kIn);
+  app.add_option("--latents", c.latents,
+                 "Initial latents: a safetensors file with tensor 'latents' [prompts, ...] in the "
+                 "layout the model's diffusers pipeline takes (what --save_latents writes)")
+      ->group(kIn);
+  app.add_flag("--save_latents", c.save_latents,
+               "Also write <image>.latents.safetensors: the initial latents ('latents', the "
+               "--latents format) and the final ones ('final_latents')")
+      ->group(kIn);
 
   const char* kOpt = "Optimization options";
   app.add_flag("--use_torch_compile", c.use_torch_compile,

@@ -47,6 +47,12 @@ struct RunConfig {
   std::optional<int> max_sequence_length;
   int64_t seed = 42;
   std::vector<std::string> input_images;
+  // --latents: a safetensors file whose tensor "latents" holds the initial latents of every
+  // prompt ([P, ...] in the layout of the model's diffusers pipeline `latents` argument).
+  std::string latents;
+  // --save_latents: next to every image, <image>.latents.safetensors with its initial
+  // ("latents", the --latents format) and final ("final_latents") latents.
+  bool save_latents = false;
 
   // Optimization
   bool use_torch_compile = false;

@@ -330,10 +330,11 @@ ResolvedArgs Runner::preprocess_args() const {
     // Row i of the file is prompt i's; this group keeps the rows of its prompts.
     const at::Tensor all = models::SafetensorsFile(c.latents).get("latents");
     XF_CHECK(all.dim() >= 2 && all.size(0) == args.total_prompts, "--latents ", c.latents,
-             ": tensor 'latents' is ", xfuser::shape_string(all.sizes()), "; its first dimension must be the ",
-             args.total_prompts, " prompt(s) of this run");
+             ": tensor 'latents' is ", xfuser::shape_string(all.sizes()),
+             "; its first dimension must be the ", args.total_prompts, " prompt(s) of this run");
     std::vector<int64_t> rows(args.prompt_indices.begin(), args.prompt_indices.end());
-    r.latents = rows.empty() ? at::Tensor() : all.index_select(0, at::tensor(rows, at::kLong)).clone();
+    r.latents =
+        rows.empty() ? at::Tensor() : all.index_select(0, at::tensor(rows, at::kLong)).clone();
   }
   r.height = *c.height;
   r.width = *c.width;

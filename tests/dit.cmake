@@ -3,3 +3,4 @@
 xfuser_add_test(test_pipeline_parity.cpp LABELS unit fixture)
 xfuser_add_test(test_parallel_dit.cpp NP 2 TIMEOUT 300)
 xfuser_add_test(test_parallel_dit.cpp NP 4 TIMEOUT 300)
+xfuser_add_test(test_sd3_run.cpp LABELS unit fixture TIMEOUT 300)
