@@ -20,9 +20,11 @@
 #include <sys/resource.h>
 
 #include "backends/error.h"
+#include "backends/tensor_util.h"
 #include "models/dit/dit_pipefusion.h"
 #include "models/registry.h"
 #include "models/weights/hub_cache.h"
+#include "models/weights/safetensors.h"
 #include "parallel/process_groups.h"
 #include "profiling/trace.h"
 #include "runner/dataset.h"
@@ -324,6 +326,16 @@ ResolvedArgs Runner::preprocess_args() const {
     r.seeds.push_back(seeds[i]);
     args.prompt_indices.push_back(i);
   }
+  if (!c.latents.empty()) {
+    // Row i of the file is prompt i's; this group keeps the rows of its prompts.
+    const at::Tensor all = models::SafetensorsFile(c.latents).get("latents");
+    XF_CHECK(all.dim() >= 2 && all.size(0) == args.total_prompts, "--latents ", c.latents,
+             ": tensor 'latents' is ", xfuser::shape_string(all.sizes()),
+             "; its first dimension must be the ", args.total_prompts, " prompt(s) of this run");
+    std::vector<int64_t> rows(args.prompt_indices.begin(), args.prompt_indices.end());
+    r.latents =
+        rows.empty() ? at::Tensor() : all.index_select(0, at::tensor(rows, at::kLong)).clone();
+  }
   r.height = *c.height;
   r.width = *c.width;
   r.num_inference_steps = *c.num_inference_steps;
@@ -549,6 +561,21 @@ fs::path Runner::write_image(const ResolvedArgs& args, size_t i, const at::Tenso
   return path;
 }
 
+fs::path Runner::write_latents(const ResolvedArgs& args, size_t i,
+                               const models::GenerationOutput& out, int64_t row) const {
+  fs::path path = output_path(args, args.prompt_indices[i]);
+  path.replace_extension(".latents.safetensors");
+  XF_CHECK(out.initial_latents.defined() && out.latents.defined(), args.spec->id,
+           " reports no latents to save (--save_latents)");
+  models::save_safetensors(path.string(),
+                           {{"latents", out.initial_latents.narrow(0, row, 1).to(at::kFloat)},
+                            {"final_latents", out.latents.narrow(0, row, 1).to(at::kFloat)}},
+                           {{"model", args.spec->id},
+                            {"prompt", args.request.prompts[i]},
+                            {"seed", std::to_string(args.request.seeds[i])}});
+  return path;
+}
+
 RunResult Runner::run_batched(const ResolvedArgs& args) {
   RunResult result;
   const auto& req = args.request;
@@ -580,6 +607,10 @@ RunResult Runner::run_batched(const ResolvedArgs& args) {
       r.prompts.push_back(req.prompts[i]);
       if (args.has_negative[i]) r.negative_prompts.push_back(req.negative_prompts[i]);
       r.seeds.push_back(req.seeds[i]);
+    }
+    if (req.latents.defined()) {
+      std::vector<int64_t> picked(rows.begin(), rows.end());
+      r.latents = req.latents.index_select(0, at::tensor(picked, at::kLong));
     }
     return r;
   };
@@ -617,6 +648,9 @@ RunResult Runner::run_batched(const ResolvedArgs& args) {
           // The first iteration writes the images, batch by batch (later ones only time).
           if (it == 0 && writer) {
             result.written.push_back(write_image(args, call[k], out.images[k]));
+            if (args.config.save_latents) {
+              result.written.push_back(write_latents(args, call[k], out, k));
+            }
             spdlog::info("wrote {} ({}/{} on this data-parallel group)",
                          result.written.back().string(), ++written, n);
           }
@@ -668,6 +702,9 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
   const int64_t images = writes_images() && result.images.defined() ? result.images.size(0) : 0;
   for (int64_t i = 0; i < images; ++i) {
     written.push_back(write_image(args, static_cast<size_t>(i), result.images[i]));
+    if (c.save_latents && !result.iterations.empty()) {
+      written.push_back(write_latents(args, static_cast<size_t>(i), result.iterations.back(), i));
+    }
   }
   // --resume with nothing left to generate: the earlier run's reports stay as they are (never
   // replaced by empty ones).

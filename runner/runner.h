@@ -106,6 +106,10 @@ class Runner {
   RunResult run_batched(const ResolvedArgs& args);
   std::filesystem::path write_image(const ResolvedArgs& args, size_t local_index,
                                     const at::Tensor& image) const;
+  // --save_latents: row `row` of a generation's initial and final latents beside the image of
+  // prompt `local_index`.
+  std::filesystem::path write_latents(const ResolvedArgs& args, size_t local_index,
+                                      const models::GenerationOutput& out, int64_t row) const;
   std::vector<double> gather_batch_seconds(const ResolvedArgs& args,
                                            const std::vector<double>& mine) const;
   int rank() const;
