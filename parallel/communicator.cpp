@@ -40,6 +40,7 @@ void Communicator::send(const at::Tensor&, int, Tag) { unsupported("send"); }
 void Communicator::recv(at::Tensor&, int, Tag) { unsupported("recv"); }
 std::unique_ptr<Work> Communicator::isend(const at::Tensor&, int, Tag) { unsupported("isend"); }
 std::unique_ptr<Work> Communicator::irecv(at::Tensor&, int, Tag) { unsupported("irecv"); }
+std::unique_ptr<Work> Communicator::batch_p2p(std::vector<P2POp>) { unsupported("batch_p2p"); }
 void Communicator::barrier() { unsupported("barrier"); }
 std::unique_ptr<Communicator> Communicator::split(int, int, const std::string&) {
   unsupported("split");

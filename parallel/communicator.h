@@ -54,6 +54,23 @@ class Work {
   virtual bool test() = 0;
 };
 
+// One operation of a grouped point-to-point exchange (Communicator::batch_p2p). A send reads
+// `tensor`; a receive writes it in place (its shape and dtype give the message size).
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  at::Tensor tensor;
+  int peer = 0;  // group rank
+  Tag tag = Tag::kGeneric;
+
+  static P2POp send(const at::Tensor& t, int dst, Tag tag = Tag::kGeneric) {
+    return {Kind::kSend, t, dst, tag};
+  }
+  static P2POp recv(const at::Tensor& t, int src, Tag tag = Tag::kGeneric) {
+    return {Kind::kRecv, t, src, tag};
+  }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -78,6 +95,14 @@ class Communicator {
   virtual void recv(at::Tensor& tensor, int src, Tag tag = Tag::kGeneric);
   virtual std::unique_ptr<Work> isend(const at::Tensor& tensor, int dst, Tag tag = Tag::kGeneric);
   virtual std::unique_ptr<Work> irecv(at::Tensor& tensor, int src, Tag tag = Tag::kGeneric);
+  // Posts every operation of `ops` as one group and returns one Work for all of them: NCCL
+  // wraps them in ncclGroupStart/ncclGroupEnd, MPI posts every isend/irecv before waiting. No
+  // exchange pattern depends on the order of `ops` (receives may come before the sends they
+  // pair with, a rank may send to and receive from itself). Each operation is counted as a
+  // "send" (its bytes) or "recv" (0 bytes) call when the Work completes; a wait past the
+  // timeout throws naming the group, and the operations and peers that did not complete.
+  // An empty batch returns a completed Work.
+  virtual std::unique_ptr<Work> batch_p2p(std::vector<P2POp> ops);
   virtual void barrier();
   // A sub-group of the members with the same `color`, ordered by (key, rank); `name` names it.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name);

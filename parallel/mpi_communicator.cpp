@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <numeric>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -152,15 +153,34 @@ class MpiWork : public Work {
 
   bool test() override {
     if (done_) return true;
+    if (poll()) finish(0.0);
+    return done_;
+  }
+
+  // For MpiBatchWork: true once every request of this operation has completed (the result is
+  // not yet copied or counted: finish() does that).
+  bool poll() {
+    if (done_ || requests_.empty()) return true;
     int flag = 0;
     XF_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
                              MPI_STATUSES_IGNORE),
                  op_, " on group '", comm_->name_, "', peer ", peer_);
-    if (flag) finish(0.0);
-    return done_;
+    if (flag) requests_.clear();
+    return flag != 0;
   }
+  // Parks the pending requests (MPI may still touch the buffers) after a timeout.
+  void abandon() {
+    if (!requests_.empty()) park(requests_, {buffer_, target_});
+    done_ = true;
+  }
+  std::string describe() const {
+    std::ostringstream s;
+    s << op_ << (is_send() ? " to" : " from") << " peer " << peer_ << " (tag " << tag_ << ", "
+      << (buffer_.defined() ? nbytes(buffer_) : 0) << " bytes)";
+    return s.str();
+  }
+  void set_tag(int tag) { tag_ = tag; }
 
- private:
   void finish(double seconds) {
     done_ = true;
     requests_.clear();
@@ -177,6 +197,73 @@ class MpiWork : public Work {
   const char* op_;
   int64_t bytes_;
   int peer_;
+  int tag_ = 0;
+  bool done_ = false;
+};
+
+// The operations of one batch_p2p, waited for together under one deadline.
+class MpiBatchWork : public Work {
+ public:
+  MpiBatchWork(MpiCommunicator* comm, std::vector<std::unique_ptr<MpiWork>> ops, int64_t bytes)
+      : comm_(comm), ops_(std::move(ops)), bytes_(bytes) {}
+
+  void wait() override {
+    if (done_) return;
+    profiling::Span span("comm", "wait batch_p2p");
+    comm_->trace_args(span, bytes_);
+    if (span) span.arg("ops", static_cast<int64_t>(ops_.size()));
+    const auto start = Clock::now();
+    const auto deadline = start + comm_->timeout_;
+    auto sleep = std::chrono::microseconds(20);
+    for (int polls = 0; !poll_all(); ++polls) {
+      if (Clock::now() >= deadline) timed_out();
+      if (polls < 64) {
+        sched_yield();
+      } else {
+        std::this_thread::sleep_for(sleep);
+        sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
+      }
+    }
+    finish(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+
+  bool test() override {
+    if (done_) return true;
+    if (poll_all()) finish(0.0);
+    return done_;
+  }
+
+ private:
+  bool poll_all() {
+    bool all = true;
+    for (auto& op : ops_) all = op->poll() && all;  // poll every one: progress for all
+    return all;
+  }
+
+  // Every operation's time is its share of the wait (the batch completes as one).
+  void finish(double seconds) {
+    done_ = true;
+    const double share = ops_.empty() ? 0.0 : seconds / static_cast<double>(ops_.size());
+    for (auto& op : ops_) op->finish(share);
+  }
+
+  [[noreturn]] void timed_out() {
+    std::string pending;
+    for (auto& op : ops_) {
+      if (op->poll()) continue;
+      pending += (pending.empty() ? "" : "; ") + op->describe();
+    }
+    for (auto& op : ops_) op->abandon();
+    done_ = true;
+    comm_->broken_ = "batch_p2p";
+    XF_THROW("timed out after ", comm_->timeout_.count() / 1000.0, "s in batch_p2p on group '",
+             comm_->name_, "' (rank ", comm_->rank_, " of ", comm_->size_, ", ", ops_.size(),
+             " operations); not completed: ", pending);
+  }
+
+  MpiCommunicator* comm_;
+  std::vector<std::unique_ptr<MpiWork>> ops_;
+  int64_t bytes_;
   bool done_ = false;
 };
 
@@ -440,6 +527,36 @@ std::unique_ptr<Work> MpiCommunicator::isend(const at::Tensor& tensor, int dst, 
 
 std::unique_ptr<Work> MpiCommunicator::irecv(at::Tensor& tensor, int src, Tag tag) {
   return start_p2p(tensor, src, tag, false);
+}
+
+std::unique_ptr<Work> MpiCommunicator::batch_p2p(std::vector<P2POp> ops) {
+  static constexpr const char* kOp = "batch_p2p";
+  profiling::Span span("comm", "post batch_p2p");
+  check_usable(kOp);
+  // Every operation is checked before any is posted: a bad one leaves nothing pending.
+  int64_t bytes = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& op = ops[i];
+    const bool is_send = op.kind == P2POp::Kind::kSend;
+    const std::string what = std::string(kOp) + " op " + std::to_string(i) + " (" +
+                             (is_send ? "send to" : "recv from") + " peer " +
+                             std::to_string(op.peer) + ")";
+    check_tensor(op.tensor, what.c_str());
+    check_peer(op.peer, what.c_str());
+    if (is_send) bytes += nbytes(op.tensor);
+  }
+  trace_args(span, bytes);
+  if (span) span.arg("ops", static_cast<int64_t>(ops.size()));
+  std::vector<std::unique_ptr<MpiWork>> works;
+  works.reserve(ops.size());
+  for (auto& op : ops) {
+    const bool is_send = op.kind == P2POp::Kind::kSend;
+    std::unique_ptr<Work> w = start_p2p(op.tensor, op.peer, op.tag, is_send);
+    auto* mw = static_cast<MpiWork*>(w.release());  // start_p2p makes MpiWorks
+    mw->set_tag(static_cast<int>(op.tag));
+    works.emplace_back(mw);
+  }
+  return std::make_unique<MpiBatchWork>(this, std::move(works), bytes);
 }
 
 void MpiCommunicator::barrier() {

@@ -61,6 +61,9 @@ class MpiCommunicator : public Communicator {
   void recv(at::Tensor& tensor, int src, Tag tag = Tag::kGeneric) override;
   std::unique_ptr<Work> isend(const at::Tensor& tensor, int dst, Tag tag = Tag::kGeneric) override;
   std::unique_ptr<Work> irecv(at::Tensor& tensor, int src, Tag tag = Tag::kGeneric) override;
+  // Posts every isend/irecv, then one Work waits for all (MpiCommunicator::batch_p2p in the .cpp
+  // names the operations and peers still pending at a timeout).
+  std::unique_ptr<Work> batch_p2p(std::vector<P2POp> ops) override;
   void barrier() override;
   // Collective over all members; the (color, key) exchange is bounded by the timeout.
   // color must be >= 0. The sub-communicator inherits the timeout.
@@ -78,6 +81,7 @@ class MpiCommunicator : public Communicator {
 
  private:
   friend class MpiWork;
+  friend class MpiBatchWork;
 
   MpiCommunicator(MPI_Comm comm, std::string name, std::chrono::milliseconds timeout,
                   std::vector<int> world_ranks, int64_t max_elements);

@@ -237,6 +237,8 @@ class NcclWork final : public Work {
   // the operation.
   void wait() override;
   bool test() override;
+  // Counted instead of `stat_op`: one (op, bytes) call per entry, sharing the seconds.
+  void count_as(std::vector<std::pair<std::string, int64_t>> calls) { calls_ = std::move(calls); }
 
  private:
   void finish();
@@ -247,6 +249,7 @@ class NcclWork final : public Work {
   std::string stat_op_;
   int64_t bytes_;
   Clock::time_point start_;
+  std::vector<std::pair<std::string, int64_t>> calls_;
   cudaEvent_t done_ = nullptr;
   bool finished_ = false;
 };
@@ -290,6 +293,7 @@ class NcclCommunicator final : public Communicator {
   void recv(at::Tensor& tensor, int src, Tag tag) override;
   std::unique_ptr<Work> isend(const at::Tensor& tensor, int dst, Tag tag) override;
   std::unique_ptr<Work> irecv(at::Tensor& tensor, int src, Tag tag) override;
+  std::unique_ptr<Work> batch_p2p(std::vector<P2POp> ops) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
 
@@ -396,7 +400,12 @@ void NcclWork::finish() {
   XF_CUDA_CHECK(cudaStreamWaitEvent(comm_.compute_stream(), done_, 0));
   keep_.clear();
   finished_ = true;
-  if (!stat_op_.empty()) comm_.count(stat_op_, bytes_, seconds_since(start_));
+  if (!calls_.empty()) {
+    const double share = seconds_since(start_) / static_cast<double>(calls_.size());
+    for (const auto& [op, bytes] : calls_) comm_.count(op, bytes, share);
+  } else if (!stat_op_.empty()) {
+    comm_.count(stat_op_, bytes_, seconds_since(start_));
+  }
 }
 
 // ---- NcclCommunicator: plumbing ---------------------------------------------------------------
@@ -706,6 +715,62 @@ std::unique_ptr<Work> NcclCommunicator::irecv(at::Tensor& tensor, int src, Tag) 
   const std::string what = describe("irecv", tensor.defined() ? nbytes(tensor) : 0, src);
   XF_CONTEXT(what);
   return point_to_point(false, tensor, src, what);
+}
+
+// One NCCL group: every send and receive is enqueued between ncclGroupStart and ncclGroupEnd, so
+// NCCL progresses them together whatever their order (no tags: messages between two ranks match
+// in issue order).
+std::unique_ptr<Work> NcclCommunicator::batch_p2p(std::vector<P2POp> ops) {
+  const Clock::time_point start = Clock::now();
+  int64_t bytes = 0;
+  std::string peers;
+  for (const auto& op : ops) {
+    const bool is_send = op.kind == P2POp::Kind::kSend;
+    if (is_send && op.tensor.defined()) bytes += nbytes(op.tensor);
+    peers += std::string(peers.empty() ? "" : ", ") +
+             (is_send ? "send to rank " : "recv from rank ") + std::to_string(op.peer);
+  }
+  const std::string what = describe("batch_p2p", bytes) + " [" + peers + "]";
+  profiling::Span span("comm", "post batch_p2p");
+  trace_args(span, bytes);
+  if (span) span.arg("ops", static_cast<int64_t>(ops.size()));
+  XF_CONTEXT(what);
+  check_usable(what);
+  std::vector<at::Tensor> keep;
+  std::vector<std::pair<std::string, int64_t>> calls;
+  std::vector<ncclDataType_t> dtypes;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& op = ops[i];
+    const std::string op_what = what + " op " + std::to_string(i);
+    check_tensor(op.tensor, op_what);
+    check_peer(op.peer, op_what);
+    dtypes.push_back(nccl_dtype(op.tensor.scalar_type(), op_what));
+    keep.push_back(op.tensor);
+    const bool is_send = op.kind == P2POp::Kind::kSend;
+    calls.emplace_back(is_send ? "send" : "recv", is_send ? nbytes(op.tensor) : 0);
+  }
+  DeviceGuard guard(device_);
+  stream_wait_compute();
+  if (!ops.empty()) {
+    XF_NCCL_CHECK(ncclGroupStart());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const auto& op = ops[i];
+      const size_t elements = static_cast<size_t>(op.tensor.numel());
+      if (op.kind == P2POp::Kind::kSend) {
+        XF_NCCL_CHECK_ASYNC(
+            *this, ncclSend(op.tensor.data_ptr(), elements, dtypes[i], op.peer, comm_, stream_),
+            what);
+      } else {
+        XF_NCCL_CHECK_ASYNC(
+            *this, ncclRecv(op.tensor.data_ptr(), elements, dtypes[i], op.peer, comm_, stream_),
+            what);
+      }
+    }
+    XF_NCCL_CHECK_ASYNC(*this, ncclGroupEnd(), what);
+  }
+  auto work = std::make_unique<NcclWork>(*this, std::move(keep), what, std::string(), 0, start);
+  work->count_as(std::move(calls));
+  return work;
 }
 
 void NcclCommunicator::barrier() {

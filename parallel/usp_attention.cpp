@@ -25,11 +25,12 @@ AttentionOutput narrow_rows(const AttentionOutput& a, int64_t start, int64_t len
 }
 
 // The ring part: local queries q [B, Sq, h, D] against the K/V [B, Sk, h, D] of every ring rank,
-// which travel around the ring (double-buffered isend/irecv overlapping the block computation).
-// key_valid[s] is the key mask [Sk] of the block that started on ring rank s (undefined: all
-// real). joint_k/joint_v (optional, [B, T, h, D], replicated text) are attended exactly once,
-// together with the block of ring rank 0. The first `ordered_rows` query rows (replicated text)
-// merge their partials in ring-rank order, so every ring rank gets bit-identical text outputs.
+// which travel around the ring (double-buffered: one batch_p2p per step overlapping the block
+// computation). key_valid[s] is the key mask [Sk] of the block that started on ring rank s
+// (undefined: all real). joint_k/joint_v (optional, [B, T, h, D], replicated text) are attended
+// exactly once, together with the block of ring rank 0. The first `ordered_rows` query rows
+// (replicated text) merge their partials in ring-rank order, so every ring rank gets bit-identical
+// text outputs.
 AttentionOutput ring_attention(Communicator& ring, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const std::vector<at::Tensor>& key_valid,
                                const at::Tensor& joint_k, const at::Tensor& joint_v,
@@ -61,19 +62,18 @@ AttentionOutput ring_attention(Communicator& ring, const at::Tensor& q, const at
   for (int step = 0; step < r_size; ++step) {
     const int src = (r_rank - step + r_size) % r_size;
     at::Tensor nxt;
-    std::unique_ptr<Work> recv_work, send_work;
+    std::unique_ptr<Work> exchange;  // one group: safe on NCCL, where a lone recv would block
     if (step + 1 < r_size) {
       nxt = at::empty_like(cur);
-      recv_work = ring.irecv(nxt, prev, Tag::kRingKv);
-      send_work = ring.isend(cur, next, Tag::kRingKv);
+      exchange = ring.batch_p2p(
+          {P2POp::recv(nxt, prev, Tag::kRingKv), P2POp::send(cur, next, Tag::kRingKv)});
     }
     AttentionOutput part = block(cur[0], cur[1], src);  // overlaps the transfer
     if (ordered_rows > 0) ordered[src] = narrow_rows(part, 0, ordered_rows);
     AttentionOutput rest = narrow_rows(part, ordered_rows, sq - ordered_rows);
     acc = step == 0 ? rest : backends::merge_attention(acc, rest, at::kFloat);
-    if (recv_work) {
-      recv_work->wait();
-      send_work->wait();
+    if (exchange) {
+      exchange->wait();
       cur = nxt;
     }
   }

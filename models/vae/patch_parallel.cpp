@@ -35,14 +35,17 @@ at::Tensor CommSpatialContext::pad_rows(const at::Tensor& x, int64_t halo) const
            " is thinner than the halo of ", halo, " rows");
   at::Tensor above = at::zeros({x.size(0), x.size(1), halo, x.size(3)}, x.options());
   at::Tensor below = at::zeros_like(above);
-  std::vector<std::unique_ptr<parallel::Work>> work;
-  if (rank > 0) work.push_back(comm_.irecv(above, rank - 1, parallel::Tag::kVaeHalo));
-  if (rank + 1 < size) work.push_back(comm_.irecv(below, rank + 1, parallel::Tag::kVaeHalo));
+  // One grouped exchange (receives listed first): safe on NCCL, where ungrouped receives posted
+  // before the sends would block every rank.
+  using parallel::P2POp;
+  std::vector<P2POp> ops;
+  if (rank > 0) ops.push_back(P2POp::recv(above, rank - 1, parallel::Tag::kVaeHalo));
+  if (rank + 1 < size) ops.push_back(P2POp::recv(below, rank + 1, parallel::Tag::kVaeHalo));
   const at::Tensor top = x.narrow(2, 0, halo).contiguous();
   const at::Tensor bottom = x.narrow(2, x.size(2) - halo, halo).contiguous();
-  if (rank > 0) work.push_back(comm_.isend(top, rank - 1, parallel::Tag::kVaeHalo));
-  if (rank + 1 < size) work.push_back(comm_.isend(bottom, rank + 1, parallel::Tag::kVaeHalo));
-  for (auto& w : work) w->wait();
+  if (rank > 0) ops.push_back(P2POp::send(top, rank - 1, parallel::Tag::kVaeHalo));
+  if (rank + 1 < size) ops.push_back(P2POp::send(bottom, rank + 1, parallel::Tag::kVaeHalo));
+  comm_.batch_p2p(std::move(ops))->wait();
   return at::cat({above, x, below}, 2);
 }
 
