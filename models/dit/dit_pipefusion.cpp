@@ -192,6 +192,14 @@ PipeFusion::PipeFusion(DiTTransformer& model, const parallel::ProcessGroups& gro
   XF_CHECK(part.embedders == (stage_ == 0) && part.head == (stage_ + 1 == stages_),
            "PipeFusion: ", model_.class_name(), " part (blocks [", part.block_begin, ", ",
            part.block_end, ")) does not match pipeline stage ", stage_, " of ", stages_);
+  // NCCL has no tags and runs a communicator's operations in order on one stream: stage 0's
+  // prefetched latent receives would queue ahead of its activation sends. The latents get their
+  // own communicator (a duplicate of the pp group, collective over it) there; MPI matches them
+  // by tag on the pp group itself.
+  auto& pp = groups_.pp();
+  if (stages_ > 1 && pp.backend() != "mpi") {
+    latent_comm_ = pp.split(0, pp.rank(), pp.name() + "/latents");
+  }
 }
 
 PipeFusion::~PipeFusion() {
@@ -284,17 +292,20 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
     pt.local_text = local_text;
   }
 
-  // Prefetch: post every receive of this step now.
-  std::vector<Pending> activations;
-  if (!first) {
-    for (const auto& pt : patches) {
-      Pending r;
-      r.buffer = at::empty({model_batch, sent_text + pt.shard->chunk(), dim},
-                           latents.options().dtype(dtype));
-      r.work = pp.irecv(r.buffer, stage_ - 1, parallel::Tag::kPipeActivation);
-      activations.push_back(std::move(r));
-    }
-  }
+  // Activations (stages > 0) travel one patch ahead: the receive of patch p + 1 from stage s - 1
+  // is posted in one batch_p2p with the send of patch p to stage s + 1, and the last stage (which
+  // sends no activations) posts it once patch p's has arrived. On NCCL a group progresses its
+  // operations together, so no receive queued on the stream blocks this stage's own send.
+  std::vector<at::Tensor> act_in(patches.size());
+  auto act_recv = [&](size_t p) {
+    act_in[p] = at::empty({model_batch, sent_text + patches[p].shard->chunk(), dim},
+                          latents.options().dtype(dtype));
+    return parallel::P2POp::recv(act_in[p], stage_ - 1, parallel::Tag::kPipeActivation);
+  };
+  std::unique_ptr<parallel::Work> act_pending;  // brings act_in of the next patch
+  if (!first) act_pending = pp.batch_p2p({act_recv(0)});
+  // Stage 0 prefetches every latent patch of the next step (from the last stage).
+  auto& latent_comm = latent_comm_ ? *latent_comm_ : pp;
   std::deque<Pending> next_latents;
   if (first && index + 1 < num_steps_) {
     for (const auto& pt : patches) {
@@ -302,7 +313,7 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
       r.begin = pt.begin;
       r.end = pt.begin + pt.tokens;
       r.buffer = at::empty({batch, pt.tokens, channels}, latents.options());
-      r.work = pp.irecv(r.buffer, stages_ - 1, parallel::Tag::kPipeLatent);
+      r.work = latent_comm.irecv(r.buffer, stages_ - 1, parallel::Tag::kPipeLatent);
       next_latents.push_back(std::move(r));
     }
   }
@@ -335,17 +346,19 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
     }
     DiTActivations st = model_.embed(local);
     if (!first) {
-      auto& r = activations[p];
-      r.work->wait();
+      act_pending->wait();  // patch p's activations (and the send of patch p - 1)
+      act_pending.reset();
+      if (last && p + 1 < patches.size()) act_pending = pp.batch_p2p({act_recv(p + 1)});
+      const at::Tensor& buffer = act_in[p];
       const int64_t c = pt.shard->chunk();
       if (joined_in) {
-        st.hidden = r.buffer;  // [B', T + c, D] joint sequence
+        st.hidden = buffer;  // [B', T + c, D] joint sequence
         st.joined = true;
       } else if (cross) {
-        st.hidden = r.buffer;  // [B', c, D]; the text stream comes from this stage's embed
+        st.hidden = buffer;  // [B', c, D]; the text stream comes from this stage's embed
       } else {
-        st.context = r.buffer.narrow(1, text_first ? 0 : c, local_text);
-        st.hidden = r.buffer.narrow(1, text_first ? local_text : 0, c);
+        st.context = buffer.narrow(1, text_first ? 0 : c, local_text);
+        st.hidden = buffer.narrow(1, text_first ? local_text : 0, c);
       }
     }
     model_.set_attention_hook(
@@ -362,8 +375,17 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
             (text_first ? at::cat({st.context, st.hidden}, 1) : at::cat({st.hidden, st.context}, 1))
                 .contiguous();
       }
-      s.work = pp.isend(s.buffer, stage_ + 1, parallel::Tag::kPipeActivation);
-      sends_.push_back(std::move(s));
+      std::vector<parallel::P2POp> ops{
+          parallel::P2POp::send(s.buffer, stage_ + 1, parallel::Tag::kPipeActivation)};
+      const bool more = !first && p + 1 < patches.size();
+      if (more) ops.push_back(act_recv(p + 1));
+      auto exchange = pp.batch_p2p(std::move(ops));
+      if (more) {
+        act_pending = std::move(exchange);  // waited for before patch p + 1
+      } else {
+        s.work = std::move(exchange);
+        sends_.push_back(std::move(s));
+      }
       continue;
     }
     at::Tensor out = model_.finalize(st).contiguous();         // [B', c, C]
@@ -373,7 +395,7 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
     if (index + 1 < num_steps_) {
       Pending s;
       s.buffer = rows.contiguous();
-      s.work = pp.isend(s.buffer, 0, parallel::Tag::kPipeLatent);
+      s.work = latent_comm.isend(s.buffer, 0, parallel::Tag::kPipeLatent);
       sends_.push_back(std::move(s));
     }
   }

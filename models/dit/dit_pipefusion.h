@@ -127,6 +127,10 @@ class PipeFusion {
   int64_t rows_, cols_;
   int patches_, warmup_steps_, num_steps_;
   int stage_, stages_;
+  // The latents' path from the last stage to stage 0 where it must not share the pp group's
+  // stream (NCCL); null on MPI, where the pp group carries them under their own tag. Declared
+  // before the pending operations on it, so it outlives them.
+  std::unique_ptr<parallel::Communicator> latent_comm_;
   std::map<int64_t, at::Tensor> kv_;  // layer -> [2, B', N, H, hd]
   std::deque<Pending> latents_in_;    // stage 0: latent patches of the previous step
   std::vector<Pending> sends_;        // pending isends of this step
