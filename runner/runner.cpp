@@ -386,6 +386,7 @@ models::RunLayout run_layout(const ResolvedArgs& args) {
   // A dp group without prompts has nothing to check against true CFG.
   if (args.has_negative.empty())
     l.true_cfg = c.true_cfg_scale.value_or(1.0) > 1.0 && !c.negative_prompt.empty();
+  l.guidance_scale = args.request.guidance_scale;
   l.enable_tiling = c.enable_tiling;
   l.bytes_per_element = static_cast<int>(c10::elementSize(args.dtype));
   l.threads = at::get_num_threads();

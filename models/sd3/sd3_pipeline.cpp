@@ -6,6 +6,7 @@
 #include "backends/error.h"
 #include "models/common/component.h"
 #include "models/common/pipeline_cache.h"
+#include "models/dit/dit_checks.h"
 #include "models/schedulers/flow_match_euler.h"
 #include "models/sd3/sd3_transformer.h"
 #include "models/sd3/tiny_sd3.h"
@@ -263,6 +264,26 @@ void SD3Model::decode(State& base) {
   s.images = (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
 }
 
+MemoryEstimate check_sd3_run(const fs::path& dir, const RunLayout& run) {
+  const ComponentFolder transformer = open_component_folder((dir / "transformer").string());
+  const SD3Config config = SD3Config::from_json(transformer.config, transformer.config_path);
+  const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
+  const auto vae = vae::AutoencoderKLConfig::from_json(vae_folder.config, vae_folder.config_path);
+  const nlohmann::json index = read_model_index(dir);
+  dit::DiTRunTraits t;
+  t.family = "SD3";
+  t.pixels_per_token = (int64_t{1} << (vae.block_out_channels.size() - 1)) * config.patch_size;
+  t.text_tokens = 77 + run.max_sequence_length;  // CLIP's 77, then T5's
+  t.cfg = run.guidance_scale > 1.0;
+  t.cfg_parallel_needs =
+      "classifier-free guidance, which SD3 runs when --guidance_scale > 1 (got " +
+      std::to_string(run.guidance_scale) + ")";
+  t.max_grid = config.max_grid();
+  t.components = {"text_encoder", "text_encoder_2", "vae"};
+  if (listed(index, "text_encoder_3")) t.components.push_back("text_encoder_3");
+  return dit::check_dit_run(dir, run, t);
+}
+
 std::vector<ModelSpec> model_specs() {
   auto create = [](const ModelSpec& spec) -> std::unique_ptr<XFuserModel> {
     return std::make_unique<SD3Model>(spec);
@@ -286,6 +307,7 @@ std::vector<ModelSpec> model_specs() {
   large.description =
       "Stable Diffusion 3.5 Large: MMDiT with QK norms, CLIP-L + CLIP-G + T5-XXL, true CFG";
   large.create = create;
+  large.check_run = check_sd3_run;
   large.pipeline_classes = {"StableDiffusion3Pipeline"};
 
   ModelSpec medium = large;

@@ -77,6 +77,10 @@ class SD3Model : public dit::DiTPipeline {
   int tokenizer_max_length_ = 77;
 };
 
+// ModelSpec::check_run: the generic DiT check with SD3's patch tokens, CLIP + T5 text length,
+// CFG rule (guidance_scale > 1) and position-table limit.
+MemoryEstimate check_sd3_run(const std::filesystem::path& pipeline_dir, const RunLayout& run);
+
 // The registry entries of this family: SD3.5 (large), SD3.5-medium and SD3-medium.
 std::vector<ModelSpec> model_specs();
 

@@ -58,6 +58,8 @@ void validate(const CLI::App& cmd, const RunConfig& config, int world_size) {
   models::register_builtin_components();
   for (const auto& [name, entry] : index.items()) {
     if (name.empty() || name[0] == '_' || !entry.is_array()) continue;
+    // [null, null]: a component the pipeline class has but this folder leaves out.
+    if (!entry.empty() && entry[0].is_null()) continue;
     const fs::path sub = dir / name;
     if (fs::exists(sub / "config.json")) {
       auto folder = models::open_component_folder(sub.string());

@@ -1,0 +1,106 @@
+#include "models/dit/dit_checks.h"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
+#include "models/dit/dit_parallel.h"
+#include "models/dit/dit_pipefusion.h"
+#include "models/vae/autoencoder_kl.h"
+#include "models/weights/component_folder.h"
+
+namespace xfuser::models::dit {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Parameters of a component folder, from its weight headers (memory-mapped, no data read).
+uint64_t parameter_count(const fs::path& dir) {
+  const ComponentFolder folder = open_component_folder(dir.string());
+  uint64_t count = 0;
+  for (const auto& name : folder.weights->names()) {
+    uint64_t n = 1;
+    for (int64_t d : folder.weights->info(name).shape) n *= static_cast<uint64_t>(d);
+    count += n;
+  }
+  return count;
+}
+
+}  // namespace
+
+MemoryEstimate check_dit_run(const fs::path& dir, const RunLayout& run, const DiTRunTraits& t) {
+  const auto model = describe_dit_transformer((dir / "transformer").string());
+  const std::string config_path = (dir / "transformer" / "config.json").string();
+  const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
+  const auto vae = vae::AutoencoderKLConfig::from_json(vae_folder.config, vae_folder.config_path);
+
+  XF_CHECK(run.cfg == 1 || t.cfg, "--use_cfg_parallel needs ", t.cfg_parallel_needs);
+  XF_CHECK(model->num_heads() % run.tensor == 0, "--tensor_parallel_degree ", run.tensor,
+           " does not divide the ", model->num_heads(), " attention heads of ", config_path,
+           ": every rank must hold whole heads");
+  XF_CHECK(run.pipefusion == 1 || run.tensor == 1,
+           "--pipefusion_parallel_degree with --tensor_parallel_degree is not supported yet: use "
+           "one of them");
+  const int64_t multiple = t.pixels_per_token;
+  XF_CHECK(run.height % multiple == 0, "--height ", run.height, " must be a multiple of ", multiple,
+           " for this ", t.family, " pipeline (", vae_folder.config_path, ", ", config_path, ")");
+  XF_CHECK(run.width % multiple == 0, "--width ", run.width, " must be a multiple of ", multiple,
+           " for this ", t.family, " pipeline (", vae_folder.config_path, ", ", config_path, ")");
+  XF_CHECK(t.max_grid == 0 ||
+               (run.height / multiple <= t.max_grid && run.width / multiple <= t.max_grid),
+           "--height ", run.height, " x --width ", run.width, " exceeds the ",
+           t.max_grid * multiple, " pixels a side that the transformer's position table holds (",
+           config_path, ")");
+  XF_CHECK(run.max_sequence_length >= 1 && run.max_sequence_length <= t.max_sequence_length,
+           "--max_sequence_length must be in [1, ", t.max_sequence_length, "] for ", t.family,
+           " (got ", run.max_sequence_length, ")");
+  if (run.pipefusion > 1) {
+    pipefusion_stage_layers(*model, run.pipefusion, run.pipefusion_layers, t.blocks_what);
+    const int patches = run.num_pipeline_patch > 0 ? run.num_pipeline_patch : run.pipefusion;
+    pipefusion_patch_rows(run.height / multiple, patches);
+  }
+
+  // Memory of one rank. Weights in the compute dtype; the transformer split over tp ranks or pp
+  // stages.
+  const uint64_t bytes = static_cast<uint64_t>(run.bytes_per_element);
+  MemoryEstimate m;
+  uint64_t params = parameter_count(dir / "transformer") / (run.tensor * run.pipefusion);
+  for (const auto& part : t.components) params += parameter_count(dir / part);
+  m.weights = params * bytes;
+  // Transformer activations: the hidden states of the rank's tokens (sequence parallel splits
+  // them, CFG without CFG parallel doubles the batch) times ~16 live [B, S, D]-sized tensors in a
+  // block (residual, norms, q/k/v, attention output, the 4x MLP).
+  const uint64_t batch = static_cast<uint64_t>(run.batch_size) * (t.cfg && run.cfg == 1 ? 2 : 1);
+  const uint64_t image_tokens =
+      static_cast<uint64_t>(run.height / multiple) * static_cast<uint64_t>(run.width / multiple);
+  const uint64_t tokens =
+      (image_tokens + static_cast<uint64_t>(t.text_tokens)) / (run.ulysses * run.ring);
+  const uint64_t dim = static_cast<uint64_t>(model->hidden_size());
+  const uint64_t transformer_act = batch * tokens * dim * bytes * 16;
+  // VAE decode: ~4 live feature maps of the widest decoder level at full resolution (a tile with
+  // --enable_tiling).
+  const uint64_t c0 = static_cast<uint64_t>(
+      *std::max_element(vae.block_out_channels.begin(), vae.block_out_channels.end()));
+  uint64_t h = run.height, w = run.width;
+  if (run.enable_tiling) {
+    h = std::min<uint64_t>(h, vae.sample_size);
+    w = std::min<uint64_t>(w, vae.sample_size);
+  }
+  const uint64_t vae_act = static_cast<uint64_t>(run.batch_size) * c0 * h * w * bytes * 4;
+  m.activations = std::max(transformer_act, vae_act);
+  // Attention scratch: per thread, fp32 scores and probabilities of a query block (>= 16 rows,
+  // ~1 MiB) against every key, for the transformer's joint sequence and the VAE's mid-block.
+  auto scratch = [&](uint64_t keys) {
+    const uint64_t rows =
+        std::max<uint64_t>(16, (uint64_t{1} << 20) / (4 * std::max<uint64_t>(keys, 1)));
+    return 3 * rows * keys * 4 * static_cast<uint64_t>(std::max(run.threads, 1));
+  };
+  const uint64_t vae_scale = uint64_t{1} << (vae.block_out_channels.size() - 1);
+  const uint64_t vae_tokens = (h / vae_scale) * (w / vae_scale);
+  m.attention =
+      std::max(scratch(image_tokens + static_cast<uint64_t>(t.text_tokens)), scratch(vae_tokens));
+  return m;
+}
+
+}  // namespace xfuser::models::dit
