@@ -61,9 +61,10 @@ class ClipAttention : public Module {
     auto q = heads(q_proj_->forward(x) * scale);
     auto k = heads(k_proj_->forward(x));
     auto v = heads(v_proj_->forward(x));
-    auto scores = at::matmul(q, k.transpose(-1, -2)).to(at::kFloat) + bias;  // [B, H, S, S]
+    auto scores =
+        text_encoders::matmul(q, k.transpose(-1, -2)).to(at::kFloat) + bias;  // [B, H, S, S]
     auto probs = at::softmax(scores, -1).to(x.scalar_type());
-    auto out = at::matmul(probs, v).transpose(1, 2).reshape({b, s, heads_ * head_dim_});
+    auto out = text_encoders::matmul(probs, v).transpose(1, 2).reshape({b, s, heads_ * head_dim_});
     return out_proj_->forward(out);  // [B, S, d]
   }
 

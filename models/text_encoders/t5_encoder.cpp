@@ -182,10 +182,10 @@ class T5Attention : public Module {
     auto k = heads(k_->forward(x));
     auto v = heads(v_->forward(x));
     // No 1/sqrt(dk) scaling (folded into the initialisation); bias and softmax in fp32.
-    auto scores = at::matmul(q, k.transpose(-1, -2)).to(at::kFloat) +
+    auto scores = text_encoders::matmul(q, k.transpose(-1, -2)).to(at::kFloat) +
                   position_bias.to(at::kFloat);  // [B, H, S, S]
     auto probs = at::softmax(scores, -1).to(x.scalar_type());
-    auto ctx = at::matmul(probs, v).transpose(1, 2).reshape({b, s, heads_ * d_kv_});
+    auto ctx = text_encoders::matmul(probs, v).transpose(1, 2).reshape({b, s, heads_ * d_kv_});
     return o_->forward(ctx);  // [B, S, d]
   }
 
@@ -233,6 +233,9 @@ at::Tensor clamp_fp16(const at::Tensor& h) {
   if (h.scalar_type() != at::kHalf) return h;
   const double max = static_cast<double>(std::numeric_limits<c10::Half>::max());
   const double clamp_value = at::isinf(h).any().item<bool>() ? max - 1000.0 : max;
+  if (h.device().is_cpu()) {  // no float16 clamp kernel on the CPU; exact through float32
+    return at::clamp(h.to(at::kFloat), -clamp_value, clamp_value).to(at::kHalf);
+  }
   return at::clamp(h, -clamp_value, clamp_value);
 }
 

@@ -9,6 +9,13 @@
 #include "backends/tensor_util.h"
 
 namespace xfuser::models::text_encoders {
+
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == at::kHalf && a.device().is_cpu()) {
+    return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(at::kHalf);
+  }
+  return at::matmul(a, b);
+}
 namespace {
 
 std::string join(const std::vector<std::string>& items) {
@@ -33,6 +40,10 @@ HiddenAct hidden_act_from_name(const std::string& name, const std::string& where
 }
 
 at::Tensor apply_hidden_act(const at::Tensor& x, HiddenAct act) {
+  // libtorch's CPU kernels lack some float16 activations: float32 and round back.
+  if (x.scalar_type() == at::kHalf && x.device().is_cpu() && act != HiddenAct::kRelu) {
+    return apply_hidden_act(x.to(at::kFloat), act).to(at::kHalf);
+  }
   switch (act) {
     case HiddenAct::kQuickGelu:
       return x * at::sigmoid(x * 1.702);

@@ -25,6 +25,10 @@ enum class HiddenAct {
 HiddenAct hidden_act_from_name(const std::string& name, const std::string& where);
 at::Tensor apply_hidden_act(const at::Tensor& x, HiddenAct act);
 
+// at::matmul(a, b), except that float16 on the CPU (where libtorch has no half matmul) is
+// computed in float32 and rounded back, as a GPU's half matmul accumulates in float32.
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b);
+
 // Checks call() arguments: `method` must be "forward", every input name must be in `required`
 // or `optional`, every `required` one present. Errors name the class and the input.
 void check_call(const std::string& class_name, const std::string& method, const TensorMap& inputs,
