@@ -133,6 +133,28 @@ TEST_F(Sd3Run, DataAndCfgParallelWriteTheSerialImages) {
   }
 }
 
+TEST_F(Sd3Run, ForwardUnderMpirunEqualsTheFixture) {
+  // The generic driver behind `xfuser forward` under mpirun: the cropped, non-square SD3.5 case.
+  const fs::path f = xfuser::testing::fixtures_dir() / "diffusers-v0.33.1" / "sd3-crop-s1";
+  XF_REQUIRE_FIXTURE(f);
+  const std::string tool = (xfuser::testing::binary_dir() / "bin" / "xfuser").string();
+  const at::Tensor want = SafetensorsFile((f / "output.safetensors").string()).get("sample");
+  TempDir out;
+  for (const std::string degrees :
+       {"--ulysses_degree 2", "--ring_degree 2", "--tensor_parallel_degree 2"}) {
+    std::string log;
+    const fs::path o = out / "o.safetensors";
+    ASSERT_EQ(run_command(mpirun(2) + tool + " forward --model-dir " + f.string() + " --inputs " +
+                              (f / "inputs.safetensors").string() + " --output " + o.string() +
+                              " " + degrees,
+                          &log),
+              0)
+        << log;
+    EXPECT_LE(xfuser::testing::max_rel_error(SafetensorsFile(o.string()).get("sample"), want), 1e-5)
+        << degrees;
+  }
+}
+
 TEST_F(Sd3Run, UnknownPipelineClassAndPlannedModelsAreClearErrors) {
   TempDir dir;
   std::ofstream(dir / "model_index.json") << R"({"_class_name": "KandinskyPipeline"})";

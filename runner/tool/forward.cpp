@@ -4,7 +4,7 @@
 //   xfuser forward --model-dir DIR --inputs IN.safetensors --output OUT.safetensors
 //                  [--dtype fp32|bf16|fp16] [--method forward|decode|...]
 //                  [--ulysses_degree U] [--ring_degree R] [--tensor_parallel_degree T]
-// Under mpirun a FluxTransformer2DModel runs split over ulysses x ring x tp ranks (with tp > 1
+// Under mpirun a diffusion transformer (FLUX, SD3: models/dit/dit.h) runs split over ulysses x ring x tp ranks (with tp > 1
 // each rank reads only its slices of the weights); the last rank writes the output.
 #include <cstdlib>
 #include <map>
@@ -167,13 +167,13 @@ void register_forward(CLI::App& app) {
   cmd->add_option("--method", opts->method, "Component method: forward, decode, ...")
       ->capture_default_str();
   cmd->add_option("--ulysses_degree", opts->ulysses_degree,
-                  "Ulysses degree under mpirun (FluxTransformer2DModel)")
+                  "Ulysses degree under mpirun (any diffusion transformer)")
       ->capture_default_str();
   cmd->add_option("--ring_degree", opts->ring_degree,
-                  "Ring degree under mpirun (FluxTransformer2DModel)")
+                  "Ring degree under mpirun (any diffusion transformer)")
       ->capture_default_str();
   cmd->add_option("--tensor_parallel_degree", opts->tensor_parallel_degree,
-                  "Tensor parallel degree under mpirun (FluxTransformer2DModel)")
+                  "Tensor parallel degree under mpirun (any diffusion transformer)")
       ->capture_default_str();
   cmd->add_option("--comm_timeout", opts->comm_timeout, "Seconds any collective may wait")
       ->capture_default_str();
