@@ -4,8 +4,9 @@
 //   xfuser forward --model-dir DIR --inputs IN.safetensors --output OUT.safetensors
 //                  [--dtype fp32|bf16|fp16] [--method forward|decode|...]
 //                  [--ulysses_degree U] [--ring_degree R] [--tensor_parallel_degree T]
-// Under mpirun a diffusion transformer (FLUX, SD3: models/dit/dit.h) runs split over ulysses x ring x tp ranks (with tp > 1
-// each rank reads only its slices of the weights); the last rank writes the output.
+// Under mpirun a diffusion transformer (FLUX, SD3: models/dit/dit.h) runs split over ulysses x ring
+// x tp ranks (with tp > 1 each rank reads only its slices of the weights); the last rank writes the
+// output.
 #include <cstdlib>
 #include <map>
 #include <memory>
