@@ -45,8 +45,8 @@ struct RunLayout {
   int num_pipeline_patch = 0;              // 0: the pp degree
   int height = 0, width = 0;
   int max_sequence_length = 0;
-  int batch_size = 1;     // prompts per generate() call
-  bool true_cfg = false;  // every prompt has a negative prompt and true_cfg_scale > 1
+  int batch_size = 1;           // prompts per generate() call
+  bool true_cfg = false;        // every prompt has a negative prompt and true_cfg_scale > 1
   double guidance_scale = 0.0;  // the run's --guidance_scale (model default applied)
   bool enable_tiling = false;
   int bytes_per_element = 4;  // the compute dtype's
