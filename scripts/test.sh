@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Configures, builds and runs the default test set (everything but tests labelled "slow").
 # Usage: scripts/test.sh [build-dir] [extra ctest args...]
-#   XFUSER_FIXTURES=/path/to/shared/fixtures   reference data (default ../shared/fixtures)
+#   XFUSER_FIXTURES=/path/to/fixtures   reference data (default tests/fixtures, committed)
 #   scripts/test.sh build -L slow               run the slow tests only
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -14,8 +14,8 @@
 
 namespace xfuser::fuzz {
 
-// $XFUSER_FIXTURES, else the shared fixtures beside the source tree (read-only inputs such as
-// tokenizer files; never copied into the repository).
+// $XFUSER_FIXTURES, else the committed fixtures in tests/fixtures (read-only inputs such as
+// tokenizer files).
 inline std::filesystem::path fixtures_dir() {
   if (const char* env = std::getenv("XFUSER_FIXTURES"); env != nullptr && *env != '\0') return env;
   return XFUSER_FUZZ_FIXTURES_DEFAULT;
