@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include "backends/backend.h"
@@ -73,6 +74,9 @@ struct GenerationOutput {
 
 struct ModelLoadOptions {
   c10::ScalarType dtype = c10::kFloat;  // compute dtype of the transformer and text encoders
+  // Where the pipelines make their tensors (latents, ids, timesteps, guidance) and the weights
+  // live (--device, backends/device.h).
+  c10::Device device = c10::Device(c10::kCPU);
   bool enable_tiling = false;
   bool enable_slicing = false;
   // --use_torch_compile: try the backend's compile path for every overridable op.

@@ -121,6 +121,12 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_option("--dtype", c.dtype, "Compute dtype: fp32, bf16 or fp16 (default: model's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->group(kOpt);
+  app.add_option("--device", c.device,
+                 "Compute device: auto (cuda when this libtorch has CUDA and a GPU is visible, "
+                 "else cpu), cpu or cuda (rank r takes cuda:(local rank % GPUs))")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->group(kOpt)
+      ->capture_default_str();
 
   const char* kBench = "Benchmarking";
   app.add_option("--num_iterations", c.num_iterations, "Number of timed iterations")

@@ -63,6 +63,8 @@ struct RunConfig {
   bool enable_sequential_cpu_offload = false;
   std::string attention_backend;
   std::string dtype;  // "", fp32, bf16, fp16 ("" = model default for the device)
+  // auto (CUDA when this libtorch has it and a GPU is visible), cpu or cuda (backends/device.h).
+  std::string device = "auto";
 
   // Benchmarking
   int num_iterations = 1;

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
+#include "backends/device.h"
 #include "backends/error.h"
 #include "backends/tensor_util.h"
 #include "models/dit/dit_pipefusion.h"
@@ -228,6 +229,7 @@ ResolvedArgs Runner::preprocess_args() const {
   c.max_sequence_length = c.max_sequence_length.value_or(d.max_sequence_length);
   if (c.dtype.empty()) c.dtype = dtype_name(default_cpu_dtype());
   args.dtype = parse_dtype(c.dtype);
+  args.device = backends::select_device(c.device);
   // Flags that would change nothing: one warning each, naming the flag.
   if (!c.negative_prompt.empty() && spec.options.count("--true_cfg_scale") &&
       *c.true_cfg_scale <= 1.0) {
@@ -453,6 +455,7 @@ void Runner::initialize(const ResolvedArgs& args) {
   model_->set_process_groups(groups_);
   models::ModelLoadOptions options;
   options.dtype = args.dtype;
+  options.device = args.device;
   options.enable_tiling = args.config.enable_tiling;
   options.enable_slicing = args.config.enable_slicing;
   options.compile = args.config.use_torch_compile;
@@ -722,6 +725,7 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
     report["rank"] = rank();
     report["world_size"] = groups_ ? groups_->config().world_size() : 1;
     report["model"] = args.spec->id;
+    report["device"] = backends::device_name(args.device);
     report["config"] = {{"height", args.request.height},
                         {"width", args.request.width},
                         {"num_inference_steps", args.request.num_inference_steps},

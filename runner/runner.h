@@ -43,6 +43,8 @@ struct ResolvedArgs {
   int64_t total_prompts = 0;                // in the whole run, over every dp group
   int64_t skipped_prompts = 0;              // --resume: outputs already complete
   c10::ScalarType dtype = c10::kFloat;
+  // --device on this rank (backends::select_device: made the current CUDA device when CUDA).
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 // Communication per group name, then per operation, of one timed iteration.

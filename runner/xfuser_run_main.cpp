@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "backends/device.h"
 #include "backends/error.h"
 #include "backends/logging.h"
 #include "backends/threads.h"
@@ -59,6 +60,9 @@ int main(int argc, char** argv) {
     XF_CHECK(unsupported.empty(), unsupported.front(), " is not supported yet");
     // Flag values first, so a bad value is named by its flag before the mesh is built from it.
     runner::validate_values(config);
+    // The device before any CUDA or NCCL call (and before the mesh): --device cuda on a host
+    // without one is an error on every rank.
+    backends::select_device(config.device);
     // The degrees must multiply to the world size (the error names every degree).
     const auto world_config = parallel::WorldConfig::from_degrees(
         world_size, config.data_parallel_degree, config.use_cfg_parallel ? 2 : 1,

@@ -32,7 +32,7 @@ at::Tensor DiTPipeline::initial_noise(const GenerationRequest& request,
   std::vector<at::Tensor> noise;
   for (int64_t seed : request.seeds) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
-    noise.push_back(at::randn(one, gen, at::TensorOptions().dtype(at::kFloat)));
+    noise.push_back(at::randn(one, gen, at::TensorOptions().dtype(at::kFloat).device(at::kCPU)));
   }
   return at::cat(noise, 0).to(options);
 }

@@ -60,11 +60,13 @@ at::Tensor FluxModel::unpack_latents(const at::Tensor& packed, int64_t latent_h,
       .reshape({b, d / 4, latent_h, latent_w});
 }
 
-at::Tensor FluxModel::latent_image_ids(int64_t half_h, int64_t half_w, c10::ScalarType dtype) {
-  at::Tensor ids = at::zeros({half_h, half_w, 3});
-  ids.select(2, 1).add_(at::arange(half_h, at::kFloat).unsqueeze(1));
-  ids.select(2, 2).add_(at::arange(half_w, at::kFloat).unsqueeze(0));
-  return ids.reshape({half_h * half_w, 3}).to(dtype);
+at::Tensor FluxModel::latent_image_ids(int64_t half_h, int64_t half_w,
+                                       const at::TensorOptions& options) {
+  const auto f32 = options.dtype(at::kFloat);  // positions in float32, then cast
+  at::Tensor ids = at::zeros({half_h, half_w, 3}, f32);
+  ids.select(2, 1).add_(at::arange(half_h, f32).unsqueeze(1));
+  ids.select(2, 2).add_(at::arange(half_w, f32).unsqueeze(0));
+  return ids.reshape({half_h * half_w, 3}).to(options.dtype().toScalarType());
 }
 
 void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& options) {
@@ -135,14 +137,15 @@ std::unique_ptr<XFuserModel::State> FluxModel::begin(const GenerationRequest& re
 
 std::pair<at::Tensor, at::Tensor> FluxModel::embed_prompts(const std::vector<std::string>& prompts,
                                                            int max_sequence_length) const {
-  auto to_ids = [](const std::vector<tokenizers::Encoding>& enc) {
+  auto to_ids = [device = load_options().device](const std::vector<tokenizers::Encoding>& enc) {
     const int64_t b = static_cast<int64_t>(enc.size());
     const int64_t s = static_cast<int64_t>(enc.front().input_ids.size());
-    at::Tensor ids = at::empty({b, s}, at::kLong);
+    // Filled on the host, then moved to the run's device.
+    at::Tensor ids = at::empty({b, s}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
     for (int64_t i = 0; i < b; ++i) {
       std::copy(enc[i].input_ids.begin(), enc[i].input_ids.end(), ids[i].data_ptr<int64_t>());
     }
-    return ids;
+    return ids.to(device);
   };
   // CLIP: pooled output, padded/truncated to 77, no attention mask (as FluxPipeline).
   at::Tensor clip_ids = to_ids(tokenizer_->encode(prompts, tokenizer_max_length_));
@@ -162,7 +165,8 @@ void FluxModel::encode_prompt(State& base) {
     std::tie(s.negative_prompt_embeds, s.negative_pooled_prompt_embeds) =
         embed_prompts(s.request.negative_prompts, s.request.max_sequence_length);
   }
-  s.text_ids = at::zeros({s.prompt_embeds.size(1), 3}, at::TensorOptions().dtype(dtype_));
+  s.text_ids = at::zeros({s.prompt_embeds.size(1), 3},
+                         at::TensorOptions().dtype(dtype_).device(load_options().device));
 }
 
 void FluxModel::prepare_latents(State& base) {
@@ -174,7 +178,7 @@ void FluxModel::prepare_latents(State& base) {
   // FluxPipeline's `latents` argument is the packed form [B, (h/2)(w/2), 4C].
   const int64_t tokens = (s.latent_h / 2) * (s.latent_w / 2);
   const int64_t b = static_cast<int64_t>(req.seeds.size());
-  const auto options = at::TensorOptions().dtype(dtype_);
+  const auto options = at::TensorOptions().dtype(dtype_).device(load_options().device);
   if (req.latents.defined()) {
     s.tokens = initial_noise(req, {b, tokens, channels * 4}, options,
                              "FluxPipeline latents: packed [B, (h/2)(w/2), 4C]");
@@ -184,7 +188,7 @@ void FluxModel::prepare_latents(State& base) {
         initial_noise(req, {b, channels, s.latent_h, s.latent_w}, options, "[B, C, h, w]"));
   }
   s.initial_latents = s.tokens;
-  s.image_ids = latent_image_ids(s.latent_h / 2, s.latent_w / 2, dtype_);
+  s.image_ids = latent_image_ids(s.latent_h / 2, s.latent_w / 2, options);
 
   const int64_t n = req.num_inference_steps;
   std::vector<double> sigmas(n);
@@ -195,7 +199,7 @@ void FluxModel::prepare_latents(State& base) {
   const double mu = s.scheduler->calculate_shift(s.tokens.size(1));
   s.scheduler->set_timesteps(n, sigmas, mu);
   if (flux_transformer_->config().guidance_embeds) {
-    s.guidance = at::full({s.tokens.size(0)}, req.guidance_scale, at::kFloat);
+    s.guidance = at::full({s.tokens.size(0)}, req.guidance_scale, options.dtype(at::kFloat));
   }
   start_pipefusion(s, s.latent_h / 2, s.latent_w / 2, static_cast<int>(n));
 }
@@ -212,7 +216,8 @@ void FluxModel::denoise_step(State& base, int index) {
   FluxInputs in;
   in.encoder_hidden_states = s.prompt_embeds;
   in.pooled_projections = s.pooled_prompt_embeds;
-  in.timestep = at::full({b}, t, at::kFloat).to(s.tokens.scalar_type()) / 1000;
+  in.timestep =
+      at::full({b}, t, s.tokens.options().dtype(at::kFloat)).to(s.tokens.scalar_type()) / 1000;
   in.img_ids = s.image_ids;
   in.txt_ids = s.text_ids;
   in.guidance = s.guidance;

@@ -44,7 +44,8 @@ class FluxModel : public dit::DiTPipeline {
   static at::Tensor pack_latents(const at::Tensor& latents);
   static at::Tensor unpack_latents(const at::Tensor& packed, int64_t latent_h, int64_t latent_w);
   // [(h/2)(w/2), 3] float ids (0, row, col), row-major.
-  static at::Tensor latent_image_ids(int64_t half_h, int64_t half_w, c10::ScalarType dtype);
+  static at::Tensor latent_image_ids(int64_t half_h, int64_t half_w,
+                                     const at::TensorOptions& options);
 
  protected:
   void load_components(const std::filesystem::path& dir, const ModelLoadOptions& options) override;

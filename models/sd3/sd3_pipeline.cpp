@@ -42,14 +42,15 @@ bool listed(const nlohmann::json& index, const char* name) {
   return it != index.end() && it->is_array() && !it->empty() && !(*it)[0].is_null();
 }
 
-at::Tensor ids_tensor(const std::vector<tokenizers::Encoding>& enc) {
+// Filled on the host, then moved to `device` (the run's).
+at::Tensor ids_tensor(const std::vector<tokenizers::Encoding>& enc, const c10::Device& device) {
   const int64_t b = static_cast<int64_t>(enc.size());
   const int64_t s = static_cast<int64_t>(enc.front().input_ids.size());
-  at::Tensor ids = at::empty({b, s}, at::kLong);
+  at::Tensor ids = at::empty({b, s}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
   for (int64_t i = 0; i < b; ++i) {
     std::copy(enc[i].input_ids.begin(), enc[i].input_ids.end(), ids[i].data_ptr<int64_t>());
   }
-  return ids;
+  return ids.to(device);
 }
 
 }  // namespace
@@ -139,7 +140,8 @@ std::pair<at::Tensor, at::Tensor> SD3Model::clip_embeds(
     const tokenizers::Tokenizer& tokenizer, Component& encoder,
     const std::vector<std::string>& prompts) const {
   // padding="max_length", max_length=77, truncation; no attention mask; hidden_states[-2].
-  at::Tensor ids = ids_tensor(tokenizer.encode(prompts, tokenizer_max_length_));
+  at::Tensor ids =
+      ids_tensor(tokenizer.encode(prompts, tokenizer_max_length_), load_options().device);
   auto out = encoder.call("forward", {{"input_ids", ids}});
   return {out.at("hidden_states_penultimate"), out.at("text_embeds")};
 }
@@ -152,7 +154,8 @@ std::pair<at::Tensor, at::Tensor> SD3Model::embed_prompts(const std::vector<std:
   const int64_t joint = sd3_transformer_->config().joint_attention_dim;
   at::Tensor t5;
   if (text_encoder_3_) {
-    at::Tensor ids = ids_tensor(tokenizer_3_->encode(prompts, max_sequence_length));
+    at::Tensor ids =
+        ids_tensor(tokenizer_3_->encode(prompts, max_sequence_length), load_options().device);
     t5 = text_encoder_3_->call("forward", {{"input_ids", ids}}).at("last_hidden_state");
   } else {
     // Without T5 the pipeline uses zeros [B, tokenizer_max_length, joint_attention_dim].

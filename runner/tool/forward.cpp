@@ -2,7 +2,7 @@
 // read from a safetensors file and writes every output as float32 to another.
 //
 //   xfuser forward --model-dir DIR --inputs IN.safetensors --output OUT.safetensors
-//                  [--dtype fp32|bf16|fp16] [--method forward|decode|...]
+//                  [--dtype fp32|bf16|fp16] [--device auto|cpu|cuda] [--method forward|...]
 //                  [--ulysses_degree U] [--ring_degree R] [--tensor_parallel_degree T]
 // Under mpirun a diffusion transformer (FLUX, SD3: models/dit/dit.h) runs split over ulysses x ring
 // x tp ranks (with tp > 1 each rank reads only its slices of the weights); the last rank writes the
@@ -18,6 +18,7 @@
 #include <c10/core/InferenceMode.h>
 #include <spdlog/spdlog.h>
 
+#include "backends/device.h"
 #include "backends/error.h"
 #include "models/common/component.h"
 #include "models/common/layers.h"
@@ -38,6 +39,7 @@ struct ForwardOptions {
   std::string inputs;
   std::string output;
   std::string dtype = "fp32";
+  std::string device = "auto";
   std::string method = "forward";
   int ulysses_degree = 1;
   int ring_degree = 1;
@@ -71,6 +73,8 @@ void run_forward(const ForwardOptions& opts) {
   apply_thread_setting();
   c10::InferenceMode inference;
   const auto dtype = parse_dtype(opts.dtype);
+  // Before any CUDA or NCCL call; --device cuda without one is an error on every rank.
+  const c10::Device device = backends::select_device(opts.device);
 
   // Under mpirun (or with degrees > 1) the ranks split the work as xfuser-run does; every rank
   // computes the same output and the last one writes it. The groups come first: a
@@ -112,7 +116,7 @@ void run_forward(const ForwardOptions& opts) {
   models::TensorMap inputs;
   for (const auto& name : input_file.names()) {
     at::Tensor t = input_file.get(name);
-    inputs[name] = at::isFloatingType(t.scalar_type()) ? t.to(dtype) : t;
+    inputs[name] = at::isFloatingType(t.scalar_type()) ? t.to(device, dtype) : t.to(device);
   }
   spdlog::info("forward: {} ({}, {}) method {} on {} input(s) from {}", component->class_name(),
                opts.model_dir, opts.dtype, opts.method, inputs.size(), opts.inputs);
@@ -164,6 +168,11 @@ void register_forward(CLI::App& app) {
       ->required();
   cmd->add_option("--dtype", opts->dtype, "Compute dtype: fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  cmd->add_option("--device", opts->device,
+                  "Compute device: auto (cuda when this libtorch has CUDA and a GPU is visible), "
+                  "cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--method", opts->method, "Component method: forward, decode, ...")
       ->capture_default_str();
