@@ -1,0 +1,131 @@
+// WanTransformer3DModel under the generic DiT sequence-parallel driver (mpiexec, NP 2): Ulysses 2
+// and ring 2 over the self-attention, with the cross-attention to the text (and, I2V, to the
+// image embeddings) run locally on the whole text, equal the one-rank forward and diffusers, on
+// the T2V and I2V fixtures; an odd token count (padded chunks) too. Tensor parallelism 2 is an
+// error naming the reason (the QK norm across all heads).
+#include <mpi.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
+#include "models/dit/dit_parallel.h"
+#include "models/wan/wan_transformer.h"
+#include "models/weights/safetensors.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/process_groups.h"
+#include "parallel/world_config.h"
+#include "tests/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using xfuser::models::SafetensorsFile;
+using xfuser::models::TensorMap;
+using xfuser::models::wan::WanConfig;
+using xfuser::models::wan::WanTransformer3DModel;
+using xfuser::parallel::MpiCommunicator;
+using xfuser::parallel::ProcessGroups;
+using xfuser::parallel::WorldConfig;
+using xfuser::testing::max_rel_error;
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+fs::path fixture_case(const std::string& name) {
+  return xfuser::testing::fixtures_dir() / "diffusers-v0.33.1" / name;
+}
+
+class WanSequenceParallel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    world_ = std::make_shared<MpiCommunicator>("world", std::chrono::seconds(60));
+  }
+  static void TearDownTestSuite() { world_.reset(); }
+  c10::InferenceMode guard_;
+  static std::shared_ptr<MpiCommunicator> world_;
+};
+std::shared_ptr<MpiCommunicator> WanSequenceParallel::world_;
+
+TEST_F(WanSequenceParallel, UlyssesAndRingEqualOneRank) {
+  for (const std::string name : {"wan-tiny-s1", "wan-i2v-tiny-s1"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = fixture_case(name);
+    XF_REQUIRE_FIXTURE(dir);
+    std::ifstream f(dir / "config.json");
+    auto cfg = WanConfig::from_json(nlohmann::json::parse(f), (dir / "config.json").string());
+    WanTransformer3DModel model(cfg);
+    SafetensorsFile weights((dir / "diffusion_pytorch_model.safetensors").string());
+    model.load(weights, at::kFloat);
+    SafetensorsFile inputs_file((dir / "inputs.safetensors").string());
+    TensorMap named;
+    for (const auto& n : inputs_file.names()) named[n] = inputs_file.get(n).clone();
+    const auto in = model.parse_forward_inputs(named);
+    const auto want = model.forward(in);
+    const auto diffusers = SafetensorsFile((dir / "output.safetensors").string()).get("sample");
+    for (auto [ulysses, ring] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}}) {
+      auto groups = std::make_shared<ProcessGroups>(
+          WorldConfig::from_degrees(world_->size(), 1, 1, 1, ulysses, ring, 1), world_);
+      auto got = xfuser::models::dit::sequence_parallel_forward(model, in, *groups);
+      const double rel = max_rel_error(got, want);
+      auto sample = model.forward_outputs(got, named).at("sample");
+      const double rel_diffusers = max_rel_error(sample, diffusers);
+      if (world_rank() == 0) {
+        std::printf("[wan sp] %-16s ulysses %d ring %d: vs one rank %.2e, vs diffusers %.2e\n",
+                    name.c_str(), ulysses, ring, rel, rel_diffusers);
+      }
+      EXPECT_LE(rel, 1e-5) << "ulysses " << ulysses << " ring " << ring;
+      EXPECT_LE(rel_diffusers, 1e-4) << "ulysses " << ulysses << " ring " << ring;
+    }
+    // An odd token count (a 1 x 3 x 5 grid: 15 tokens): the chunks are padded.
+    auto odd = in;
+    odd.tokens = in.tokens.narrow(1, 0, 15);
+    odd.token_ids = WanTransformer3DModel::token_ids(1, 3, 5, in.tokens.options());
+    const auto odd_want = model.forward(odd);
+    for (auto [ulysses, ring] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}}) {
+      auto groups = std::make_shared<ProcessGroups>(
+          WorldConfig::from_degrees(world_->size(), 1, 1, 1, ulysses, ring, 1), world_);
+      auto got = xfuser::models::dit::sequence_parallel_forward(model, odd, *groups);
+      const double rel = max_rel_error(got, odd_want);
+      if (world_rank() == 0) {
+        std::printf("[wan sp] %-16s 15 tokens, ulysses %d ring %d: vs one rank %.2e\n",
+                    name.c_str(), ulysses, ring, rel);
+      }
+      EXPECT_LE(rel, 1e-5) << "ulysses " << ulysses << " ring " << ring;
+    }
+  }
+}
+
+TEST_F(WanSequenceParallel, TensorParallelTwoIsAClearError) {
+  const fs::path dir = fixture_case("wan-tiny-s1");
+  XF_REQUIRE_FIXTURE(dir);
+  auto groups = std::make_shared<ProcessGroups>(
+      WorldConfig::from_degrees(world_->size(), 1, 1, 1, 1, 1, 2), world_);
+  try {
+    xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, groups.get());
+    ADD_FAILURE() << "tensor parallel 2 was accepted";
+  } catch (const xfuser::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("tensor parallelism"), std::string::npos) << what;
+    EXPECT_NE(what.find("rms_norm_across_heads"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  xfuser::set_process_rank(world_rank());
+  const int result = RUN_ALL_TESTS();
+  MPI_Finalize();
+  return result;
+}
