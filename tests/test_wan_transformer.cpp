@@ -2,7 +2,7 @@
 // cross-attention) through call("forward"), the registry and `xfuser forward`; patchify /
 // unpatchify against diffusers' Conv3d and final permute; the token path on a subset of the
 // tokens (RoPE per token); a model split into two parts; the attention calls' flags; parameter
-// counts; the config, tensor-parallel and input errors.
+// counts; the config, tensor-parallel shapes and input errors.
 #include <fstream>
 #include <map>
 #include <string>
@@ -419,12 +419,23 @@ TEST_F(WanTest, ParameterCountsPartitionTheModel) {
   }
 }
 
-TEST_F(WanTest, TensorParallelIsRejectedWithTheReason) {
+TEST_F(WanTest, TensorParallelNeedsWholeHeads) {
+  // 2 heads over 4 ranks (the tensor-parallel forward itself: test_wan_sequence_parallel).
   expect_error_containing(
       [] {
-        WanTransformer3DModel model(fixture_config("wan-tiny-s1"), {}, TensorParallel{0, 2});
+        WanTransformer3DModel model(fixture_config("wan-tiny-s1"), {}, TensorParallel{0, 4});
       },
-      {"WanTransformer3DModel", "tensor parallel", "rms_norm_across_heads", "ALL attention heads"});
+      {"num_attention_heads 2", "tensor parallel degree 4"});
+  // A rank of 2 holds half of every head-sharded tensor, the QK norm weights included.
+  WanTransformer3DModel half(fixture_config("wan-tiny-s1"), {}, TensorParallel{1, 2});
+  for (const auto& [n, slot] : half.named_parameters()) {
+    if (n == "blocks.0.attn1.norm_q.weight" || n == "blocks.0.attn2.to_k.bias") {
+      EXPECT_EQ(slot->shape, std::vector<int64_t>{12}) << n;
+    }
+    if (n == "blocks.0.ffn.net.2.weight") {
+      EXPECT_EQ(slot->shape, (std::vector<int64_t>{24, 16})) << n;
+    }
+  }
 }
 
 TEST_F(WanTest, BadInputsNameTheInput) {

@@ -1,4 +1,5 @@
 # Wan 2.1 / 2.2: the WanTransformer3DModel (diffusers fixtures T2V and I2V, parts, token path,
-# `xfuser forward`), and the generic sequence-parallel driver on it against one rank.
+# `xfuser forward`), and under the generic drivers: Ulysses 2, ring 2 and tensor parallel 2
+# against one rank.
 xfuser_add_test(test_wan_transformer.cpp LABELS unit fixture)
 xfuser_add_test(test_wan_sequence_parallel.cpp NP 2 TIMEOUT 300 LABELS fixture)

@@ -108,72 +108,133 @@ class WanConditionEmbedder : public Module {
 
 // ---- attention ---------------------------------------------------------------------------------
 
+// RMSNorm over all heads (qk_norm "rms_norm_across_heads") on this rank's heads: `weight`
+// [D] sharded with the heads; the mean of squares is over the whole D, so with tensor
+// parallelism the per-rank sums of squares are all-reduced first (diffusers' RMSNorm math
+// otherwise: float32 statistics, weight in its dtype).
+class HeadShardedRMSNorm : public Module {
+ public:
+  HeadShardedRMSNorm(int64_t dim, double eps, const TensorParallel& tp)
+      : dim_(dim), eps_(eps), parts_(tp.size) {
+    weight_ = &sharded_param("weight", {dim}, tp.shard(0));
+  }
+  at::Tensor forward(const at::Tensor& x, const TensorParallelOps& ops) const {
+    XF_CHECK(x.size(-1) * parts_ == dim_, "RMSNorm across heads (", dim_, " over ", parts_,
+             " ranks) got ", shape_string(x.sizes()));
+    auto xf = x.to(at::kFloat);
+    at::Tensor var;
+    if (parts_ == 1) {
+      var = xf.pow(2).mean(-1, /*keepdim=*/true);
+    } else {
+      auto sum = xf.pow(2).sum(-1, /*keepdim=*/true).contiguous();
+      ops.all_reduce(sum);
+      var = sum / static_cast<double>(dim_);
+    }
+    auto y = xf * at::rsqrt(var + eps_);
+    const auto& w = weight_->tensor;
+    if (w.scalar_type() == at::kHalf || w.scalar_type() == at::kBFloat16) y = y.to(w.scalar_type());
+    return (y * w).to(x.scalar_type());
+  }
+
+ private:
+  int64_t dim_;
+  double eps_;
+  int parts_;
+  ParamSlot* weight_;
+};
+
 // diffusers Attention with WanAttnProcessor2_0: to_q/k/v and to_out.0 with biases, norm_q /
 // norm_k RMSNorm over all heads (rms_norm_across_heads, applied before the head split); with
 // added_kv_proj_dim (I2V attn2) add_k_proj, add_v_proj and norm_added_k (no add_q_proj, no
-// to_add_out).
+// to_add_out). Tensor parallel: projections column-parallel by whole heads, to_out row-parallel.
 class WanAttention : public Module {
  public:
-  WanAttention(int64_t dim, int64_t heads, double eps, std::optional<int64_t> added_kv_proj_dim)
-      : heads_(heads) {
-    to_q_ = child("to_q", std::make_shared<Linear>(dim, dim));
-    to_k_ = child("to_k", std::make_shared<Linear>(dim, dim));
-    to_v_ = child("to_v", std::make_shared<Linear>(dim, dim));
-    to_out_ = child("to_out.0", std::make_shared<Linear>(dim, dim));
-    norm_q_ = child("norm_q", std::make_shared<RMSNorm>(dim, eps));
-    norm_k_ = child("norm_k", std::make_shared<RMSNorm>(dim, eps));
+  WanAttention(int64_t dim, int64_t heads, double eps, std::optional<int64_t> added_kv_proj_dim,
+               const TensorParallel& tp)
+      : heads_(heads / tp.size) {
+    auto column = [&](int64_t in) { return std::make_shared<ColumnParallelLinear>(in, dim, tp); };
+    to_q_ = child("to_q", column(dim));
+    to_k_ = child("to_k", column(dim));
+    to_v_ = child("to_v", column(dim));
+    to_out_ = child("to_out.0", std::make_shared<RowParallelLinear>(dim, dim, tp));
+    norm_q_ = child("norm_q", std::make_shared<HeadShardedRMSNorm>(dim, eps, tp));
+    norm_k_ = child("norm_k", std::make_shared<HeadShardedRMSNorm>(dim, eps, tp));
     if (added_kv_proj_dim) {
-      add_k_proj_ = child("add_k_proj", std::make_shared<Linear>(*added_kv_proj_dim, dim));
-      add_v_proj_ = child("add_v_proj", std::make_shared<Linear>(*added_kv_proj_dim, dim));
-      norm_added_k_ = child("norm_added_k", std::make_shared<RMSNorm>(dim, eps));
+      add_k_proj_ = child("add_k_proj", column(*added_kv_proj_dim));
+      add_v_proj_ = child("add_v_proj", column(*added_kv_proj_dim));
+      norm_added_k_ = child("norm_added_k", std::make_shared<HeadShardedRMSNorm>(dim, eps, tp));
     }
   }
   bool has_image_kv() const { return add_k_proj_ != nullptr; }
 
-  at::Tensor query(const at::Tensor& x) const {  // [B, N, D] -> [B, N, H, hd]
-    return split_heads(norm_q_->forward(to_q_->forward(x)), heads_);
+  // [B, N, D] -> [B, N, H_r, hd]
+  at::Tensor query(const at::Tensor& x, const TensorParallelOps& ops) const {
+    return split_heads(norm_q_->forward(to_q_->forward(x), ops), heads_);
   }
-  // Text keys and values [B, L, H, hd].
-  std::pair<at::Tensor, at::Tensor> key_value(const at::Tensor& c) const {
-    return {split_heads(norm_k_->forward(to_k_->forward(c)), heads_),
+  // Text keys and values [B, L, H_r, hd].
+  std::pair<at::Tensor, at::Tensor> key_value(const at::Tensor& c,
+                                              const TensorParallelOps& ops) const {
+    return {split_heads(norm_k_->forward(to_k_->forward(c), ops), heads_),
             split_heads(to_v_->forward(c), heads_)};
   }
-  // Image keys and values (I2V) [B, 257, H, hd].
-  std::pair<at::Tensor, at::Tensor> image_key_value(const at::Tensor& c) const {
-    return {split_heads(norm_added_k_->forward(add_k_proj_->forward(c)), heads_),
+  // Image keys and values (I2V) [B, 257, H_r, hd].
+  std::pair<at::Tensor, at::Tensor> image_key_value(const at::Tensor& c,
+                                                    const TensorParallelOps& ops) const {
+    return {split_heads(norm_added_k_->forward(add_k_proj_->forward(c), ops), heads_),
             split_heads(add_v_proj_->forward(c), heads_)};
   }
-  at::Tensor out(const at::Tensor& o) const { return to_out_->forward(o); }  // [B, N, D]
+  // [B, N, H_r*hd] -> [B, N, D]
+  at::Tensor out(const at::Tensor& o, const TensorParallelOps& ops) const {
+    return to_out_->forward(o, ops);
+  }
 
  private:
   int64_t heads_;
-  std::shared_ptr<Linear> to_q_, to_k_, to_v_, to_out_, add_k_proj_, add_v_proj_;
-  std::shared_ptr<RMSNorm> norm_q_, norm_k_, norm_added_k_;
+  std::shared_ptr<ColumnParallelLinear> to_q_, to_k_, to_v_, add_k_proj_, add_v_proj_;
+  std::shared_ptr<RowParallelLinear> to_out_;
+  std::shared_ptr<HeadShardedRMSNorm> norm_q_, norm_k_, norm_added_k_;
+};
+
+// FeedForward(dim, inner_dim=ffn_dim, "gelu-approximate"): net.0.proj column-parallel, tanh
+// GELU, net.2 row-parallel (one all-reduce).
+class WanFeedForward : public Module {
+ public:
+  WanFeedForward(int64_t dim, int64_t inner, const TensorParallel& tp) {
+    proj_ = child("net.0.proj", std::make_shared<ColumnParallelLinear>(dim, inner, tp));
+    out_ = child("net.2", std::make_shared<RowParallelLinear>(inner, dim, tp));
+  }
+  at::Tensor forward(const at::Tensor& x, const TensorParallelOps& ops) const {
+    return out_->forward(
+        feed_forward_activation(proj_->forward(x), FeedForwardKind::kGeluApproximate), ops);
+  }
+
+ private:
+  std::shared_ptr<ColumnParallelLinear> proj_;
+  std::shared_ptr<RowParallelLinear> out_;
 };
 
 // ---- WanTransformerBlock -----------------------------------------------------------------------
 
 class WanBlock : public Module {
  public:
-  WanBlock(const WanConfig& c) : eps_(c.eps) {
+  WanBlock(const WanConfig& c, const TensorParallel& tp) : eps_(c.eps) {
     const int64_t d = c.inner_dim();
     // Declaration order as diffusers' __init__ (norm1 and norm3 have no parameters).
-    attn1_ = child("attn1",
-                   std::make_shared<WanAttention>(d, c.num_attention_heads, c.eps, std::nullopt));
+    attn1_ = child(
+        "attn1", std::make_shared<WanAttention>(d, c.num_attention_heads, c.eps, std::nullopt, tp));
     attn2_ = child("attn2", std::make_shared<WanAttention>(d, c.num_attention_heads, c.eps,
-                                                           c.added_kv_proj_dim));
+                                                           c.added_kv_proj_dim, tp));
     if (c.cross_attn_norm) {
       norm2_ = child("norm2", std::make_shared<LayerNorm>(d, c.eps, true));
     }
-    ffn_ = child("ffn", std::make_shared<FeedForward>(d, d, 4.0, FeedForwardKind::kGeluApproximate,
-                                                      c.ffn_dim));
+    ffn_ = child("ffn", std::make_shared<WanFeedForward>(d, c.ffn_dim, tp));
     table_ = &param("scale_shift_table", {1, 6, d});
   }
 
   // x [B, n, D], context [B, (257 +) L, D], timestep_proj [B|1, 6, D]; updates x.
   void forward(at::Tensor& x, const at::Tensor& context, const at::Tensor& timestep_proj,
-               const RotaryTables& rope, const AttendFn& attend, int64_t layer,
-               int64_t num_layers) const {
+               const RotaryTables& rope, const AttendFn& attend, int64_t layer, int64_t num_layers,
+               const TensorParallelOps& ops) const {
     const int64_t b = x.size(0), n = x.size(1);
     const auto dtype = x.scalar_type();
     // Modulation in float32: (scale_shift_table + timestep_proj.float()).chunk(6, dim=1).
@@ -184,15 +245,15 @@ class WanBlock : public Module {
     // 1. Self-attention over the image tokens, with RoPE.
     {
       auto nx = modulated_norm(x, shift_msa, scale_msa, eps_);
-      auto q = attn1_->query(nx);
-      auto [k, v] = attn1_->key_value(nx);
+      auto q = attn1_->query(nx, ops);
+      auto [k, v] = attn1_->key_value(nx, ops);
       std::tie(q, k) = apply_rotary_emb_qk(q, k, rope);
       AttentionCall call;
       call.layer = layer;
       call.text_tokens = 0;
       call.cross = false;
       auto o = attend(q, k, v, call).reshape({b, n, -1}).to(q.scalar_type());
-      x = (x.to(at::kFloat) + attn1_->out(o) * gate_msa).to(dtype);
+      x = (x.to(at::kFloat) + attn1_->out(o, ops) * gate_msa).to(dtype);
     }
     // 2. Cross-attention to the text (and, I2V, to the image embeddings); no gate.
     {
@@ -203,26 +264,26 @@ class WanBlock : public Module {
         image = context.narrow(1, 0, k_img);
         text = context.narrow(1, k_img, context.size(1) - k_img);
       }
-      auto q = attn2_->query(nx);
-      auto [k, v] = attn2_->key_value(text);
+      auto q = attn2_->query(nx, ops);
+      auto [k, v] = attn2_->key_value(text, ops);
       AttentionCall call;
       call.layer = num_layers + layer;
       call.cross = true;
       at::Tensor o_img;
       if (image.defined()) {
-        auto [ki, vi] = attn2_->image_key_value(image);
+        auto [ki, vi] = attn2_->image_key_value(image, ops);
         AttentionCall call_img = call;
         call_img.layer = 2 * num_layers + layer;
         o_img = attend(q, ki, vi, call_img).reshape({b, n, -1}).to(q.scalar_type());
       }
       auto o = attend(q, k, v, call).reshape({b, n, -1}).to(q.scalar_type());
       if (o_img.defined()) o = o + o_img;
-      x = x + attn2_->out(o);
+      x = x + attn2_->out(o, ops);
     }
     // 3. Feed-forward.
     {
       auto nx = modulated_norm(x, c_shift_msa, c_scale_msa, eps_);
-      auto ff = ffn_->forward(nx);
+      auto ff = ffn_->forward(nx, ops);
       x = (x.to(at::kFloat) + ff.to(at::kFloat) * c_gate_msa).to(dtype);
     }
   }
@@ -231,7 +292,7 @@ class WanBlock : public Module {
   double eps_;
   std::shared_ptr<WanAttention> attn1_, attn2_;
   std::shared_ptr<LayerNorm> norm2_;
-  std::shared_ptr<FeedForward> ffn_;
+  std::shared_ptr<WanFeedForward> ffn_;
   ParamSlot* table_;
 };
 
@@ -261,12 +322,6 @@ WanTransformer3DModel::WanTransformer3DModel(WanConfig config, dit::DiTPart part
     : DiTTransformer(part, tp), config_(std::move(config)) {
   const auto& c = config_;
   c.validate();
-  XF_CHECK(tp.size == 1, "WanTransformer3DModel does not support tensor parallelism (degree ",
-           tp.size,
-           ", --tensor_parallel_degree): its QK norm (qk_norm rms_norm_across_heads) "
-           "normalises q and k over ALL attention heads together, which a rank holding only its "
-           "heads cannot compute; use sequence parallelism (--ulysses_degree / --ring_degree) "
-           "or PipeFusion instead");
   resolve_part();
   const int64_t dim = c.inner_dim();
   auto held = [&](int64_t block) { return part_.block_begin <= block && block < part_.block_end; };
@@ -279,7 +334,7 @@ WanTransformer3DModel::WanTransformer3DModel(WanConfig config, dit::DiTPart part
   blocks_.resize(c.num_layers);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     if (!held(i)) continue;
-    blocks_[i] = child("blocks." + std::to_string(i), std::make_shared<WanBlock>(c));
+    blocks_[i] = child("blocks." + std::to_string(i), std::make_shared<WanBlock>(c, tp_));
   }
   if (part_.head) {
     proj_out_ = child("proj_out", std::make_shared<Linear>(dim, c.output_dim()));
@@ -293,7 +348,7 @@ c10::ScalarType WanTransformer3DModel::dtype() const { return condition_embedder
 
 std::vector<int64_t> WanTransformer3DModel::block_parameters() const {
   // Declaring a block allocates no tensors; all blocks are alike.
-  WanBlock block(config_);
+  WanBlock block(config_, TensorParallel{});
   return std::vector<int64_t>(config_.num_layers, block.num_parameters());
 }
 
@@ -516,7 +571,7 @@ void WanTransformer3DModel::run_blocks(dit::DiTActivations& a, int64_t begin, in
     span.arg("index", i);
     XF_CHECK(blocks_[i], "blocks.", i, " is not held by this model part (blocks [",
              part_.block_begin, ", ", part_.block_end, "))");
-    blocks_[i]->forward(a.hidden, a.context, timestep_proj, a.rope, attend, i, layers);
+    blocks_[i]->forward(a.hidden, a.context, timestep_proj, a.rope, attend, i, layers, tp_ops());
   }
 }
 

@@ -17,9 +17,10 @@
 // text_tokens = 0); attn2's text attention is layer num_layers + i and its image attention
 // (I2V) 2 * num_layers + i (both cross = true).
 //
-// Tensor parallelism is not supported: the QK RMSNorm normalises over all heads at once, so a
-// rank holding a subset of the heads cannot compute it without a collective inside the norm.
-// A model built for a tensor-parallel degree > 1 is an error saying so.
+// Tensor parallelism (degree n) splits by whole heads: to_q/k/v, add_k/v_proj and ffn.net.0.proj
+// column-parallel, to_out.0 and ffn.net.2 row-parallel; the QK RMSNorm normalises over ALL
+// heads, so each rank's sum of squares over its heads is all-reduced inside the norm (one small
+// [B, S, 1] all-reduce per norm). The embedders, the modulation and the head are replicated.
 //
 // DiTInputs.extra["encoder_hidden_states_image"] [B, 257, image_dim] carries the I2V image
 // embeddings (required when added_kv_proj_dim is set; v0.33.1's attention processor takes the
@@ -45,7 +46,9 @@ class WanTransformer3DModel : public dit::DiTTransformer {
   static constexpr int64_t kImageTokens = 257;
 
   // `part`: the blocks this instance holds; parameters of the parts not held are not declared
-  // (load with LoadOptions::allow_unexpected). `tp` must have size 1 (see above).
+  // (load with LoadOptions::allow_unexpected). With `tp` of size n > 1 this rank holds heads
+  // [r*H/n, (r+1)*H/n) and its slices of every block's linear layers; the forward then needs
+  // set_tensor_parallel_ops.
   explicit WanTransformer3DModel(WanConfig config, dit::DiTPart part = {}, TensorParallel tp = {});
   ~WanTransformer3DModel() override;
 
