@@ -209,7 +209,8 @@ TEST(AutoencoderKL, BatchOfTwoEqualsTwoSingleDecodes) {
 
 // Slicing runs each batch element as an unsliced batch-1 call: bitwise equal to those. Against
 // one batched call it differs only by libtorch picking other conv/norm kernels for batch 3
-// (measured ~4e-7 relative), so that comparison has a float tolerance.
+// (measured ~4e-7 relative on one CPU, 1.2e-6 on another: oneDNN's blocking depends on the ISA),
+// so that comparison has a float tolerance of fp32 accumulation over these convolutions.
 TEST(AutoencoderKL, SlicingEqualsUnslicedExactly) {
   auto vae = random_vae();
   at::Tensor z = at::randn({3, 16, 10, 10});
@@ -230,8 +231,8 @@ TEST(AutoencoderKL, SlicingEqualsUnslicedExactly) {
   EXPECT_TRUE(at::equal(sliced, at::cat(one_by_one)));
   EXPECT_TRUE(at::equal(enc_sliced.mean, at::cat(means)));
   EXPECT_TRUE(at::equal(enc_sliced.std, at::cat(stds)));
-  EXPECT_LT(max_rel_error(sliced, batched), 1e-6);
-  EXPECT_LT(max_rel_error(enc_sliced.mean, enc_batched.mean), 1e-6);
+  EXPECT_LT(max_rel_error(sliced, batched), 1e-5);
+  EXPECT_LT(max_rel_error(enc_sliced.mean, enc_batched.mean), 1e-5);
   // Slicing composes with tiling (diffusers: each slice goes through _decode).
   vae->enable_tiling();
   at::Tensor big = at::randn({2, 16, 20, 20});
