@@ -5,6 +5,10 @@
 
 #include "backends/error.h"
 #include "models/dit/dit_parallel.h"
+#include "models/tokenizers/tokenizer.h"
+#include "models/vae/autoencoder_kl.h"
+#include "models/vae/patch_parallel.h"
+#include "models/weights/component_folder.h"
 #include "parallel/process_groups.h"
 
 namespace xfuser::models::dit {
@@ -126,6 +130,41 @@ void DiTPipeline::denoise(DiTState& s, int index, DiTInputs positive, const DiTI
     noise = dit_forward(*transformer_, positive, groups.get());
   }
   s.tokens = step(noise, s.tokens);
+}
+
+void DiTPipeline::load_vae(const std::filesystem::path& dir, const ModelLoadOptions& options) {
+  auto component = load_component(dir.string(), options.dtype);
+  vae_ = std::dynamic_pointer_cast<vae::AutoencoderKL>(component);
+  XF_CHECK(vae_ != nullptr, dir.string(), " holds a ", component->class_name(),
+           ", expected AutoencoderKL");
+  XF_CHECK(!(options.parallel_vae && options.enable_tiling),
+           "--use_parallel_vae and --enable_tiling cannot be combined: the patch-parallel decode "
+           "splits the whole latent into bands (use one or the other)");
+  vae_->enable_tiling(options.enable_tiling);
+  vae_->enable_slicing(options.enable_slicing);
+  vae_scale_factor_ = 1 << (vae_->config().block_out_channels.size() - 1);
+}
+
+at::Tensor DiTPipeline::decode_latents(const at::Tensor& latents) const {
+  const auto& cfg = vae_->config();
+  at::Tensor z = (latents / cfg.scaling_factor + cfg.shift_factor.value_or(0.0)).to(vae_->dtype());
+  const auto& groups = process_groups();
+  at::Tensor image = load_options().parallel_vae && groups
+                         ? vae::patch_parallel_decode(*vae_, z, groups->replica())
+                         : vae_->decode(z);  // [B, 3, H, W] in [-1, 1]
+  at::Tensor x = (image.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
+  return (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
+}
+
+at::Tensor DiTPipeline::ids_tensor(const std::vector<tokenizers::Encoding>& enc) const {
+  const int64_t b = static_cast<int64_t>(enc.size());
+  const int64_t s = static_cast<int64_t>(enc.front().input_ids.size());
+  // Filled on the host, then moved to the run's device.
+  at::Tensor ids = at::empty({b, s}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
+  for (int64_t i = 0; i < b; ++i) {
+    std::copy(enc[i].input_ids.begin(), enc[i].input_ids.end(), ids[i].data_ptr<int64_t>());
+  }
+  return ids.to(load_options().device);
 }
 
 }  // namespace xfuser::models::dit

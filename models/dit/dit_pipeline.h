@@ -16,6 +16,15 @@
 #include "models/registry.h"
 #include "models/xfuser_model.h"
 
+namespace xfuser::models {
+namespace tokenizers {
+struct Encoding;
+}
+namespace vae {
+class AutoencoderKL;
+}
+}  // namespace xfuser::models
+
 namespace xfuser::models::dit {
 
 class DiTPipeline : public XFuserModel {
@@ -33,6 +42,9 @@ class DiTPipeline : public XFuserModel {
   static at::Tensor initial_noise(const GenerationRequest& request,
                                   const std::vector<int64_t>& shape,
                                   const at::TensorOptions& options, const std::string& layout);
+
+  // 2 ** (len(vae.block_out_channels) - 1), as diffusers computes it (after load_vae()).
+  int vae_scale_factor() const { return vae_scale_factor_; }
 
  protected:
   // Per-generation state of a DiT pipeline.
@@ -61,7 +73,20 @@ class DiTPipeline : public XFuserModel {
   void denoise(DiTState& state, int index, DiTInputs positive, const DiTInputs* negative,
                double scale, bool batched_cfg, const StepFn& step);
 
+  // Loads `dir` (an AutoencoderKL) into vae_ with --enable_tiling / --enable_slicing (which
+  // --use_parallel_vae excludes) and sets vae_scale_factor_.
+  void load_vae(const std::filesystem::path& dir, const ModelLoadOptions& options);
+  // latents [B, C, h, w] -> images uint8 [B, H, W, 3]: latents / scaling_factor + shift_factor,
+  // decoded (with --use_parallel_vae in bands over the ranks of this replica, which all hold the
+  // same final latents), then diffusers' VaeImageProcessor.postprocess ((x / 2 + 0.5).clamp(0,
+  // 1), x 255, rounded).
+  at::Tensor decode_latents(const at::Tensor& latents) const;
+  // Token ids [B, S] of tokenizer encodings, on the run's device.
+  at::Tensor ids_tensor(const std::vector<tokenizers::Encoding>& encodings) const;
+
   std::shared_ptr<DiTTransformer> transformer_;
+  std::shared_ptr<vae::AutoencoderKL> vae_;
+  int vae_scale_factor_ = 8;
 };
 
 }  // namespace xfuser::models::dit

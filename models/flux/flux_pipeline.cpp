@@ -14,7 +14,6 @@
 #include "models/schedulers/flow_match_euler.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/vae/autoencoder_kl.h"
-#include "models/vae/patch_parallel.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/hub_cache.h"
 #include "parallel/process_groups.h"
@@ -97,16 +96,7 @@ void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& opt
            " did not load as a FluxTransformer2DModel");
   text_encoder_ = load_component((dir / "text_encoder").string(), dtype_);
   text_encoder_2_ = load_component((dir / "text_encoder_2").string(), dtype_);
-  auto vae = load_component((dir / "vae").string(), dtype_);
-  vae_ = std::dynamic_pointer_cast<vae::AutoencoderKL>(vae);
-  XF_CHECK(vae_ != nullptr, (dir / "vae").string(), " holds a ", vae->class_name(),
-           ", expected AutoencoderKL");
-  XF_CHECK(!(options.parallel_vae && options.enable_tiling),
-           "--use_parallel_vae and --enable_tiling cannot be combined: the patch-parallel decode "
-           "splits the whole latent into bands (use one or the other)");
-  vae_->enable_tiling(options.enable_tiling);
-  vae_->enable_slicing(options.enable_slicing);
-  vae_scale_factor_ = 1 << (vae_->config().block_out_channels.size() - 1);
+  load_vae(dir / "vae", options);
   XF_CHECK(flux_transformer_->config().in_channels % 4 == 0, "FLUX transformer in_channels ",
            flux_transformer_->config().in_channels, " is not a multiple of 4");
 }
@@ -137,21 +127,11 @@ std::unique_ptr<XFuserModel::State> FluxModel::begin(const GenerationRequest& re
 
 std::pair<at::Tensor, at::Tensor> FluxModel::embed_prompts(const std::vector<std::string>& prompts,
                                                            int max_sequence_length) const {
-  auto to_ids = [device = load_options().device](const std::vector<tokenizers::Encoding>& enc) {
-    const int64_t b = static_cast<int64_t>(enc.size());
-    const int64_t s = static_cast<int64_t>(enc.front().input_ids.size());
-    // Filled on the host, then moved to the run's device.
-    at::Tensor ids = at::empty({b, s}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
-    for (int64_t i = 0; i < b; ++i) {
-      std::copy(enc[i].input_ids.begin(), enc[i].input_ids.end(), ids[i].data_ptr<int64_t>());
-    }
-    return ids.to(device);
-  };
   // CLIP: pooled output, padded/truncated to 77, no attention mask (as FluxPipeline).
-  at::Tensor clip_ids = to_ids(tokenizer_->encode(prompts, tokenizer_max_length_));
+  at::Tensor clip_ids = ids_tensor(tokenizer_->encode(prompts, tokenizer_max_length_));
   at::Tensor pooled = text_encoder_->call("forward", {{"input_ids", clip_ids}}).at("pooler_output");
   // T5: last hidden state at max_sequence_length, no attention mask.
-  at::Tensor t5_ids = to_ids(tokenizer_2_->encode(prompts, max_sequence_length));
+  at::Tensor t5_ids = ids_tensor(tokenizer_2_->encode(prompts, max_sequence_length));
   at::Tensor embeds =
       text_encoder_2_->call("forward", {{"input_ids", t5_ids}}).at("last_hidden_state");
   return {embeds.to(dtype_), pooled.to(dtype_)};
@@ -240,18 +220,7 @@ void FluxModel::decode(State& base) {
   auto& s = static_cast<FluxState&>(base);
   s.latents = s.tokens;
   at::Tensor latents = unpack_latents(s.tokens, s.latent_h, s.latent_w);
-  const auto& cfg = vae_->config();
-  latents = latents / cfg.scaling_factor + cfg.shift_factor.value_or(0.0);
-  // [B, 3, H, W] in [-1, 1]; with --use_parallel_vae in bands over the ranks of this replica
-  // (every one of them holds the same final latents).
-  const auto& groups = process_groups();
-  at::Tensor image =
-      load_options().parallel_vae && groups
-          ? vae::patch_parallel_decode(*vae_, latents.to(vae_->dtype()), groups->replica())
-          : vae_->decode(latents.to(vae_->dtype()));
-  // diffusers' VaeImageProcessor.postprocess: (x / 2 + 0.5).clamp(0, 1) -> uint8, round.
-  at::Tensor x = (image.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
-  s.images = (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
+  s.images = decode_latents(latents);
 }
 
 std::vector<ModelSpec> model_specs() {

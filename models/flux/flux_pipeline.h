@@ -37,8 +37,6 @@ class FluxModel : public dit::DiTPipeline {
   ~FluxModel() override;
 
   FluxTransformer2DModel& transformer() { return *flux_transformer_; }
-  // 2 ** (len(vae.block_out_channels) - 1), as diffusers computes it.
-  int vae_scale_factor() const { return vae_scale_factor_; }
 
   // Packing as diffusers' FluxPipeline: [B, C, h, w] -> [B, (h/2)(w/2), 4C] and back.
   static at::Tensor pack_latents(const at::Tensor& latents);
@@ -63,11 +61,9 @@ class FluxModel : public dit::DiTPipeline {
                                                   int max_sequence_length) const;
 
   c10::ScalarType dtype_ = c10::kFloat;
-  int vae_scale_factor_ = 8;
   FluxTransformer2DModel* flux_transformer_ = nullptr;  // transformer_ (DiTPipeline), typed
   std::shared_ptr<Component> text_encoder_;             // CLIPTextModel
   std::shared_ptr<Component> text_encoder_2_;           // T5EncoderModel
-  std::shared_ptr<vae::AutoencoderKL> vae_;
   std::unique_ptr<tokenizers::Tokenizer> tokenizer_;
   std::unique_ptr<tokenizers::Tokenizer> tokenizer_2_;
   std::filesystem::path scheduler_config_;

@@ -12,7 +12,6 @@
 #include "models/sd3/tiny_sd3.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/vae/autoencoder_kl.h"
-#include "models/vae/patch_parallel.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/hub_cache.h"
 #include "parallel/process_groups.h"
@@ -40,17 +39,6 @@ bool listed(const nlohmann::json& index, const char* name) {
   // model_index.json lists an absent component as [null, null].
   auto it = index.find(name);
   return it != index.end() && it->is_array() && !it->empty() && !(*it)[0].is_null();
-}
-
-// Filled on the host, then moved to `device` (the run's).
-at::Tensor ids_tensor(const std::vector<tokenizers::Encoding>& enc, const c10::Device& device) {
-  const int64_t b = static_cast<int64_t>(enc.size());
-  const int64_t s = static_cast<int64_t>(enc.front().input_ids.size());
-  at::Tensor ids = at::empty({b, s}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
-  for (int64_t i = 0; i < b; ++i) {
-    std::copy(enc[i].input_ids.begin(), enc[i].input_ids.end(), ids[i].data_ptr<int64_t>());
-  }
-  return ids.to(device);
 }
 
 }  // namespace
@@ -91,16 +79,7 @@ void SD3Model::load_components(const fs::path& dir, const ModelLoadOptions& opti
              (*enc)->class_name());
   }
   if (t5) text_encoder_3_ = load_component((dir / "text_encoder_3").string(), dtype_);
-  auto vae = load_component((dir / "vae").string(), dtype_);
-  vae_ = std::dynamic_pointer_cast<vae::AutoencoderKL>(vae);
-  XF_CHECK(vae_ != nullptr, (dir / "vae").string(), " holds a ", vae->class_name(),
-           ", expected AutoencoderKL");
-  XF_CHECK(!(options.parallel_vae && options.enable_tiling),
-           "--use_parallel_vae and --enable_tiling cannot be combined: the patch-parallel decode "
-           "splits the whole latent into bands (use one or the other)");
-  vae_->enable_tiling(options.enable_tiling);
-  vae_->enable_slicing(options.enable_slicing);
-  vae_scale_factor_ = 1 << (vae_->config().block_out_channels.size() - 1);
+  load_vae(dir / "vae", options);
   const auto& c = sd3_transformer_->config();
   XF_CHECK(c.pos_embed_max_size.has_value(), (dir / "transformer").string(),
            ": SD3 pipelines need pos_embed_max_size (the cropped position table)");
@@ -140,8 +119,7 @@ std::pair<at::Tensor, at::Tensor> SD3Model::clip_embeds(
     const tokenizers::Tokenizer& tokenizer, Component& encoder,
     const std::vector<std::string>& prompts) const {
   // padding="max_length", max_length=77, truncation; no attention mask; hidden_states[-2].
-  at::Tensor ids =
-      ids_tensor(tokenizer.encode(prompts, tokenizer_max_length_), load_options().device);
+  at::Tensor ids = ids_tensor(tokenizer.encode(prompts, tokenizer_max_length_));
   auto out = encoder.call("forward", {{"input_ids", ids}});
   return {out.at("hidden_states_penultimate"), out.at("text_embeds")};
 }
@@ -154,8 +132,7 @@ std::pair<at::Tensor, at::Tensor> SD3Model::embed_prompts(const std::vector<std:
   const int64_t joint = sd3_transformer_->config().joint_attention_dim;
   at::Tensor t5;
   if (text_encoder_3_) {
-    at::Tensor ids =
-        ids_tensor(tokenizer_3_->encode(prompts, max_sequence_length), load_options().device);
+    at::Tensor ids = ids_tensor(tokenizer_3_->encode(prompts, max_sequence_length));
     t5 = text_encoder_3_->call("forward", {{"input_ids", ids}}).at("last_hidden_state");
   } else {
     // Without T5 the pipeline uses zeros [B, tokenizer_max_length, joint_attention_dim].
@@ -255,16 +232,7 @@ void SD3Model::decode(State& base) {
                            .permute({0, 3, 1, 4, 2, 5})
                            .reshape({b, c.in_channels, s.latent_h, s.latent_w});
   s.latents = latents;
-  const auto& cfg = vae_->config();
-  latents = latents / cfg.scaling_factor + cfg.shift_factor.value_or(0.0);
-  const auto& groups = process_groups();
-  at::Tensor image =
-      load_options().parallel_vae && groups
-          ? vae::patch_parallel_decode(*vae_, latents.to(vae_->dtype()), groups->replica())
-          : vae_->decode(latents.to(vae_->dtype()));
-  // diffusers' VaeImageProcessor.postprocess: (x / 2 + 0.5).clamp(0, 1) -> uint8, round.
-  at::Tensor x = (image.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
-  s.images = (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
+  s.images = decode_latents(latents);
 }
 
 MemoryEstimate check_sd3_run(const fs::path& dir, const RunLayout& run) {

@@ -43,8 +43,6 @@ class SD3Model : public dit::DiTPipeline {
   ~SD3Model() override;
 
   SD3Transformer2DModel& transformer() { return *sd3_transformer_; }
-  // 2 ** (len(vae.block_out_channels) - 1), as diffusers computes it.
-  int vae_scale_factor() const { return vae_scale_factor_; }
 
  protected:
   void load_components(const std::filesystem::path& dir, const ModelLoadOptions& options) override;
@@ -66,12 +64,10 @@ class SD3Model : public dit::DiTPipeline {
                                                 const std::vector<std::string>& prompts) const;
 
   c10::ScalarType dtype_ = c10::kFloat;
-  int vae_scale_factor_ = 8;
   SD3Transformer2DModel* sd3_transformer_ = nullptr;  // transformer_ (DiTPipeline), typed
   std::shared_ptr<Component> text_encoder_;           // CLIPTextModelWithProjection (CLIP-L)
   std::shared_ptr<Component> text_encoder_2_;         // CLIPTextModelWithProjection (CLIP-G)
   std::shared_ptr<Component> text_encoder_3_;         // T5EncoderModel, or null
-  std::shared_ptr<vae::AutoencoderKL> vae_;
   std::unique_ptr<tokenizers::Tokenizer> tokenizer_, tokenizer_2_, tokenizer_3_;
   std::filesystem::path scheduler_config_;
   int tokenizer_max_length_ = 77;
