@@ -719,7 +719,8 @@ std::unique_ptr<Work> NcclCommunicator::irecv(at::Tensor& tensor, int src, Tag) 
 
 // One NCCL group: every send and receive is enqueued between ncclGroupStart and ncclGroupEnd, so
 // NCCL progresses them together whatever their order (no tags: messages between two ranks match
-// in issue order).
+// in issue order). The group completes as one: a timeout names every operation and peer of the
+// batch, since NCCL cannot tell which peer did not answer.
 std::unique_ptr<Work> NcclCommunicator::batch_p2p(std::vector<P2POp> ops) {
   const Clock::time_point start = Clock::now();
   int64_t bytes = 0;
