@@ -89,9 +89,11 @@ class WanConditionEmbedder : public Module {
                  const at::Tensor& image) const {
     const auto dtype = this->dtype();
     Output o;
-    // diffusers: the float32 sinusoid, cast to time_embedder's dtype; temb.type_as(text).
-    auto t = timestep_embedding(timestep, freq_dim_, true, 0.0).to(dtype);
-    o.temb = time_embedder_->forward(t);                                         // [B|1, D]
+    // diffusers: the float32 sinusoid, cast to time_embedder's dtype (float32: kept), then
+    // temb.type_as(encoder_hidden_states) (the model dtype).
+    const auto time_dtype = time_embedder_->named_parameters().front().second->tensor.scalar_type();
+    auto t = timestep_embedding(timestep, freq_dim_, true, 0.0).to(time_dtype);
+    o.temb = time_embedder_->forward(t).to(dtype);                               // [B|1, D]
     o.timestep_proj = time_proj_->forward(activate(o.temb, Activation::kSilu));  // [B|1, 6D]
     o.text = text_embedder_->forward(text.to(dtype));                            // [B, L, D]
     if (image.defined()) o.image = image_embedder_->forward(image.to(dtype));    // [B, 257, D]
@@ -307,7 +309,13 @@ class WanTransformer3DModel::PatchEmbedding : public Module {
     bias_ = &param("bias", {dim});
   }
   at::Tensor forward(const at::Tensor& tokens) const {  // [B, n, C*pt*ph*pw] -> [B, n, D]
-    return at::linear(tokens, weight_->tensor.reshape({dim_, -1}), bias_->tensor);
+    const auto w = weight_->tensor.reshape({dim_, -1});
+    if (tokens.scalar_type() == at::kHalf && !tokens.is_cuda()) {
+      // libtorch's CPU kernels lack float16 matmul (as in layers.cpp): float32 and round back.
+      return at::linear(tokens.to(at::kFloat), w.to(at::kFloat), bias_->tensor.to(at::kFloat))
+          .to(at::kHalf);
+    }
+    return at::linear(tokens, w, bias_->tensor);
   }
 
  private:
@@ -339,6 +347,21 @@ WanTransformer3DModel::WanTransformer3DModel(WanConfig config, dit::DiTPart part
   if (part_.head) {
     proj_out_ = child("proj_out", std::make_shared<Linear>(dim, c.output_dim()));
     scale_shift_table_ = &param("scale_shift_table", {1, 2, dim});
+  }
+  // diffusers' _keep_in_fp32_modules: a parameter with a name component time_embedder,
+  // scale_shift_table, norm1, norm2 or norm3 loads in float32 whatever the model dtype.
+  for (auto& [name, slot] : named_parameters()) {
+    size_t begin = 0;
+    while (begin <= name.size()) {
+      const size_t end = std::min(name.find('.', begin), name.size());
+      const std::string part = name.substr(begin, end - begin);
+      if (part == "time_embedder" || part == "scale_shift_table" || part == "norm1" ||
+          part == "norm2" || part == "norm3") {
+        slot->dtype = at::kFloat;
+        break;
+      }
+      begin = end + 1;
+    }
   }
 }
 

@@ -8,7 +8,9 @@
 // the full video. Every block: self-attention over the image tokens (attn1: QK RMS norm across all
 // heads, 3-axis RoPE), cross-attention to the text (attn2, no gate; I2V adds a second attention
 // of the same queries to the 257 image-embedding tokens through add_k_proj / add_v_proj), and a
-// gated feed-forward; the modulation (scale_shift_table + timestep_proj) is in float32.
+// gated feed-forward; the modulation (scale_shift_table + timestep_proj) is in float32. As
+// diffusers' _keep_in_fp32_modules, time_embedder, every scale_shift_table and the norm1/2/3
+// parameters (blocks' norm2, image_embedder's norms) load in float32 whatever the model dtype.
 //
 // Text attention is dit::TextAttention::kCross: the text is whole on every rank and every part
 // (PipeFusion stage) computes the conditioning itself (condition_embedder is on every part).
