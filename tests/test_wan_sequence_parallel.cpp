@@ -192,7 +192,9 @@ TEST_F(WanSequenceParallel, PipeFusionTwoStagesEqualsSerial) {
         EXPECT_LE(rel, 1e-5);
       } else {
         EXPECT_GT(rel, 0.0);  // the stale path ran
-        EXPECT_LE(rel, 0.1);  // and stays an approximation of the serial result
+        // and stays an approximation of the serial result (measured 5e-3; a stage without the
+        // text conditioning or a misplaced patch changes the latents at full scale)
+        EXPECT_LE(rel, 0.1);
       }
     }
   }
