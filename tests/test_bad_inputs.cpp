@@ -248,7 +248,7 @@ std::vector<Case> cases() {
                [](const fs::path& p) {
                  rewrite_tensors(p / kTransformer, [](auto& t) { t[kQ].fill_(NAN); });
                },
-               {"the latents are not finite (NaN or Inf) after the 4 denoising steps",
+               {"the latents are not finite (NaN or Inf) after denoising step 1 of 4",
                 "Likely cause: NaN or Inf in the model's weights"}),
 
       // ---- layouts the model cannot run: refused before any weight is read (item 3) ----

@@ -118,6 +118,7 @@ void DiTPipeline::denoise(DiTState& s, int index, DiTInputs positive, const DiTI
       };
     }
     s.pipefusion->step(index, in, branches, combine, step, s.tokens);
+    check_finite(s, index);
     return;
   }
   if (!positive.tokens.defined()) positive.tokens = s.tokens;
@@ -130,6 +131,27 @@ void DiTPipeline::denoise(DiTState& s, int index, DiTInputs positive, const DiTI
     noise = dit_forward(*transformer_, positive, groups.get());
   }
   s.tokens = step(noise, s.tokens);
+  check_finite(s, index);
+}
+
+void DiTPipeline::check_finite(const DiTState& s, int index) const {
+  // One reduction per step: a NaN or Inf fails at the step that made it, not as a black image.
+  if (at::isfinite(s.tokens).all().item<bool>()) return;
+  const int64_t b = s.tokens.size(0);
+  const int64_t bad = b - at::isfinite(s.tokens.reshape({b, -1})).all(1).sum().item<int64_t>();
+  const auto& r = s.request;
+  std::string cause;
+  if (r.guidance_scale > 100 || r.true_cfg_scale > 100) {
+    cause = "the guidance scale is very large (guidance_scale " + std::to_string(r.guidance_scale) +
+            ", true_cfg_scale " + std::to_string(r.true_cfg_scale) + ")";
+  } else if (load_options().dtype == at::kHalf) {
+    cause = "an overflow in fp16 (try --dtype bf16 or fp32)";
+  } else {
+    cause = "NaN or Inf in the model's weights, or an overflow in the compute dtype";
+  }
+  XF_THROW("the latents are not finite (NaN or Inf) after denoising step ", index + 1, " of ",
+           num_steps(s), " (", bad, " of ", b,
+           " prompt(s) of the batch); the image would be black. ", "Likely cause: ", cause);
 }
 
 void DiTPipeline::load_vae(const std::filesystem::path& dir, const ModelLoadOptions& options) {

@@ -73,6 +73,8 @@ class DiTPipeline : public XFuserModel {
   void denoise(DiTState& state, int index, DiTInputs positive, const DiTInputs* negative,
                double scale, bool batched_cfg, const StepFn& step);
 
+  // Fails naming step `index` and the likely cause when state.tokens hold a NaN or an Inf.
+  void check_finite(const DiTState& state, int index) const;
   // Loads `dir` (an AutoencoderKL) into vae_ with --enable_tiling / --enable_slicing (which
   // --use_parallel_vae excludes) and sets vae_scale_factor_.
   void load_vae(const std::filesystem::path& dir, const ModelLoadOptions& options);
