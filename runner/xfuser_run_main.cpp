@@ -1,7 +1,10 @@
 // `xfuser-run`: generate images with a registered model, on one rank or under mpirun.
 // Flags follow xDiT's runner (see `xfuser-run --help` and README.md).
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -30,6 +33,13 @@ void end_job(int world_size) {
       "ending every rank of the job (MPI_Abort): the Open MPI messages that follow (MPI_ABORT "
       "was invoked, ORTE_ERROR_LOG, other ranks' \"received SIGTERM\") are its consequence, not "
       "further errors");
+  // mpirun forwards each rank's output asynchronously but prints its own MPI_ABORT banner at
+  // once: flush, then give the forwarding a moment, so the reason comes before the banner even on
+  // a loaded machine (only on this error path).
+  spdlog::default_logger()->flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   xfuser::parallel::MpiEnvironment::abort(1);
 }
 
