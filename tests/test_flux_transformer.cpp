@@ -22,6 +22,9 @@
 #include "tests/test_util.h"
 
 namespace {
+using xfuser::testing::expect_error_containing;
+using xfuser::testing::read_json;
+using xfuser::testing::read_tensors;
 
 using xfuser::models::SafetensorsFile;
 using xfuser::models::TensorMap;
@@ -37,18 +40,6 @@ std::filesystem::path fixture_case() {
   return fixtures_dir() / "diffusers-v0.33.1" / "flux-tiny-s1";
 }
 
-nlohmann::json read_json(const std::filesystem::path& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
-
-TensorMap read_tensors(const std::filesystem::path& p) {
-  SafetensorsFile file(p.string());
-  TensorMap out;
-  for (const auto& name : file.names()) out[name] = file.get(name).clone();
-  return out;
-}
-
 std::shared_ptr<FluxTransformer2DModel> load_fixture_model(c10::ScalarType dtype) {
   auto dir = fixture_case();
   auto model = std::make_shared<FluxTransformer2DModel>(
@@ -62,19 +53,6 @@ TensorMap cast_floats(const TensorMap& in, c10::ScalarType dtype) {
   TensorMap out;
   for (const auto& [k, v] : in) out[k] = at::isFloatingType(v.scalar_type()) ? v.to(dtype) : v;
   return out;
-}
-
-void expect_error_containing(const std::function<void()>& fn,
-                             const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an xfuser::Error";
-  } catch (const xfuser::Error& e) {
-    for (const auto& n : needles) {
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "'" << n << "' not in: " << e.what();
-    }
-  }
 }
 
 // ---- independent float64 reference of diffusers' FLUX math -------------------------------------

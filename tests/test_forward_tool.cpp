@@ -14,6 +14,7 @@
 #include "tests/test_util.h"
 
 namespace {
+using xfuser::testing::read_tensors;
 
 namespace fs = std::filesystem;
 using xfuser::models::SafetensorsFile;
@@ -27,13 +28,6 @@ using xfuser::testing::TempDir;
 
 fs::path fixture_case() { return fixtures_dir() / "diffusers-v0.33.1" / "flux-tiny-s1"; }
 fs::path xfuser_bin() { return binary_dir() / "bin" / "xfuser"; }
-
-TensorMap read_tensors(const fs::path& p) {
-  SafetensorsFile file(p.string());
-  TensorMap out;
-  for (const auto& name : file.names()) out[name] = file.get(name).clone();
-  return out;
-}
 
 std::string quote(const fs::path& p) { return "'" + p.string() + "'"; }
 

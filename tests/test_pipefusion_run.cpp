@@ -14,6 +14,7 @@
 #include "tests/test_util.h"
 
 namespace {
+using xfuser::testing::max_pixel_diff;
 
 namespace fs = std::filesystem;
 
@@ -22,19 +23,6 @@ std::string read(const fs::path& p) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-std::string mpirun(int np) {
-  std::string cmd = "timeout 240 mpirun -np " + std::to_string(np) + " --oversubscribe";
-  if (geteuid() == 0) cmd += " --allow-run-as-root";
-  return cmd + " -x XFUSER_CACHE -x OMP_NUM_THREADS=1 ";
-}
-
-int max_pixel_diff(const fs::path& a, const fs::path& b) {
-  at::Tensor x = xfuser::runner::read_png(a).to(at::kInt);
-  at::Tensor y = xfuser::runner::read_png(b).to(at::kInt);
-  if (x.sizes() != y.sizes()) return 1000;
-  return (x - y).abs().max().item<int>();
 }
 
 class PipeFusionRun : public ::testing::Test {
@@ -59,7 +47,7 @@ TEST_F(PipeFusionRun, ExactPipelineWritesTheSerialImage) {
             0)
       << log;
   ASSERT_EQ(xfuser::testing::run_command(
-                mpirun(2) + bin_ + common_ +
+                xfuser::testing::mpirun_prefix(2) + bin_ + common_ +
                     " --pipefusion_parallel_degree 2 --pipefusion_warmup_steps 3 "
                     "--output_directory " +
                     out.path().string(),
@@ -84,7 +72,7 @@ TEST_F(PipeFusionRun, ApproximatePipelineReportsItsPsnr) {
   xfuser::testing::TempDir out;
   std::string log;
   ASSERT_EQ(xfuser::testing::run_command(
-                mpirun(2) + bin_ + common_ +
+                xfuser::testing::mpirun_prefix(2) + bin_ + common_ +
                     " --pipefusion_parallel_degree 2 --num_pipeline_patch 2 "
                     "--pipefusion_warmup_steps 1 --pipefusion_psnr --output_directory " +
                     out.path().string(),
@@ -113,15 +101,17 @@ TEST_F(PipeFusionRun, BadFlagsAreErrors) {
             0);
   EXPECT_NE(log.find("need --pipefusion_parallel_degree > 1"), std::string::npos) << log;
   int code = xfuser::testing::run_command(
-      mpirun(2) + bin_ + common_ + " --pipefusion_parallel_degree 2 --pipefusion_layers 1,1" + dir,
+      xfuser::testing::mpirun_prefix(2) + bin_ + common_ +
+          " --pipefusion_parallel_degree 2 --pipefusion_layers 1,1" + dir,
       &log);
   EXPECT_NE(code, 0);
   EXPECT_NE(code, 124) << "timed out: " << log;
   EXPECT_NE(log.find("--pipefusion_layers 1,1 sums to 2; the model has 4"), std::string::npos)
       << log;
-  code = xfuser::testing::run_command(
-      mpirun(2) + bin_ + common_ + " --pipefusion_parallel_degree 2 --num_pipeline_patch 5" + dir,
-      &log);
+  code = xfuser::testing::run_command(xfuser::testing::mpirun_prefix(2) + bin_ + common_ +
+                                          " --pipefusion_parallel_degree 2 --num_pipeline_patch 5" +
+                                          dir,
+                                      &log);
   EXPECT_NE(code, 0);
   EXPECT_NE(code, 124) << "timed out: " << log;
   EXPECT_NE(log.find("--num_pipeline_patch 5 must be between 1 and the 4 latent token rows"),

@@ -17,24 +17,12 @@
 #include "tests/test_util.h"
 
 namespace {
+using xfuser::testing::max_pixel_diff;
 
 namespace fs = std::filesystem;
 using xfuser::models::SafetensorsFile;
 using xfuser::testing::run_command;
 using xfuser::testing::TempDir;
-
-std::string mpirun(int np) {
-  std::string cmd = "timeout 240 mpirun -np " + std::to_string(np) + " --oversubscribe";
-  if (geteuid() == 0) cmd += " --allow-run-as-root";
-  return cmd + " -x XFUSER_CACHE -x OMP_NUM_THREADS=1 ";
-}
-
-int max_pixel_diff(const fs::path& a, const fs::path& b) {
-  at::Tensor x = xfuser::runner::read_png(a).to(at::kInt);
-  at::Tensor y = xfuser::runner::read_png(b).to(at::kInt);
-  if (x.sizes() != y.sizes()) return 1000;
-  return (x - y).abs().max().item<int>();
-}
 
 class Sd3Run : public ::testing::Test {
  protected:
@@ -111,14 +99,14 @@ TEST_F(Sd3Run, DataAndCfgParallelWriteTheSerialImages) {
                              " --model tiny-sd3 --prompt 'a red apple' --prompt 'a blue car' "
                              "--num_inference_steps 2 --dtype fp32 --max_sequence_length 8";
   ASSERT_EQ(run_command(common + " --output_directory " + serial.path().string(), &log), 0) << log;
-  ASSERT_EQ(run_command(mpirun(2) + common + " --data_parallel_degree 2 --output_directory " +
-                            dp.path().string(),
+  ASSERT_EQ(run_command(xfuser::testing::mpirun_prefix(2) + common +
+                            " --data_parallel_degree 2 --output_directory " + dp.path().string(),
                         &log),
             0)
       << log;
   // CFG parallel needs no extra flag: SD3 runs classifier-free guidance at guidance 3.5.
-  ASSERT_EQ(run_command(mpirun(2) + common + " --use_cfg_parallel --output_directory " +
-                            cfg.path().string(),
+  ASSERT_EQ(run_command(xfuser::testing::mpirun_prefix(2) + common +
+                            " --use_cfg_parallel --output_directory " + cfg.path().string(),
                         &log),
             0)
       << log;
@@ -144,9 +132,9 @@ TEST_F(Sd3Run, ForwardUnderMpirunEqualsTheFixture) {
        {"--ulysses_degree 2", "--ring_degree 2", "--tensor_parallel_degree 2"}) {
     std::string log;
     const fs::path o = out / "o.safetensors";
-    ASSERT_EQ(run_command(mpirun(2) + tool + " forward --model-dir " + f.string() + " --inputs " +
-                              (f / "inputs.safetensors").string() + " --output " + o.string() +
-                              " " + degrees,
+    ASSERT_EQ(run_command(xfuser::testing::mpirun_prefix(2) + tool + " forward --model-dir " +
+                              f.string() + " --inputs " + (f / "inputs.safetensors").string() +
+                              " --output " + o.string() + " " + degrees,
                           &log),
               0)
         << log;

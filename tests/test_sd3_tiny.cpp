@@ -21,16 +21,12 @@
 #include "tests/test_util.h"
 
 namespace {
+using xfuser::testing::read_json;
 
 namespace fs = std::filesystem;
 using xfuser::models::load_component;
 using xfuser::models::TensorMap;
 using xfuser::testing::TempDir;
-
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
 
 at::Tensor ids_tensor(const std::vector<int64_t>& ids) {
   return at::tensor(ids, at::kLong).view({1, static_cast<int64_t>(ids.size())});

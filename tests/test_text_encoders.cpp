@@ -21,6 +21,7 @@
 #include "tests/test_util.h"
 
 namespace {
+using xfuser::testing::read_json;
 
 using xfuser::models::Component;
 using xfuser::models::SafetensorsFile;
@@ -35,11 +36,6 @@ using xfuser::testing::max_rel_error;
 
 std::filesystem::path case_dir(const std::string& name) {
   return fixtures_dir() / "transformers-v4.44.2" / name;
-}
-
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
 }
 
 std::map<std::string, at::Tensor> read_all(const std::filesystem::path& path) {

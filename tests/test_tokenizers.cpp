@@ -22,6 +22,7 @@
 #include "tests/test_util.h"
 
 namespace {
+using xfuser::testing::read_json;
 
 namespace fs = std::filesystem;
 using xfuser::models::tokenizers::ClipTokenizer;
@@ -36,12 +37,6 @@ using xfuser::testing::run_command;
 using xfuser::testing::TempDir;
 
 using Ids = std::vector<int64_t>;
-
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  return nlohmann::json::parse(in);
-}
 
 void write_file(const fs::path& path, const std::string& content) {
   std::ofstream out(path, std::ios::binary);

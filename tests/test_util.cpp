@@ -1,11 +1,19 @@
 #include "tests/test_util.h"
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
+#include "models/weights/safetensors.h"
+#include "runner/outputs.h"
 
 namespace xfuser::testing {
 
@@ -58,6 +66,46 @@ int run_command(const std::string& command, std::string* output) {
   int status = pclose(pipe);
   if (output) *output = out;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string mpirun_prefix(int np, int timeout_seconds) {
+  std::string cmd = timeout_seconds > 0 ? "timeout " + std::to_string(timeout_seconds) + " " : "";
+  cmd += "mpirun -np " + std::to_string(np) + " --oversubscribe";
+  if (::geteuid() == 0) cmd += " --allow-run-as-root";
+  return cmd + " -x XFUSER_CACHE -x OMP_NUM_THREADS=1 ";
+}
+
+int max_pixel_diff(const std::filesystem::path& a, const std::filesystem::path& b) {
+  at::Tensor x = xfuser::runner::read_png(a).to(at::kInt);
+  at::Tensor y = xfuser::runner::read_png(b).to(at::kInt);
+  if (x.sizes() != y.sizes()) return 1000;
+  return (x - y).abs().max().item<int>();
+}
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
+  return nlohmann::json::parse(in);
+}
+
+std::map<std::string, at::Tensor> read_tensors(const std::filesystem::path& path) {
+  xfuser::models::SafetensorsFile file(path.string());
+  std::map<std::string, at::Tensor> out;
+  for (const auto& name : file.names()) out[name] = file.get(name).clone();
+  return out;
+}
+
+void expect_error_containing(const std::function<void()>& fn,
+                             const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an xfuser::Error";
+  } catch (const xfuser::Error& e) {
+    for (const auto& n : needles) {
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "'" << n << "' not in: " << e.what();
+    }
+  }
 }
 
 }  // namespace xfuser::testing

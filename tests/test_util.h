@@ -2,10 +2,14 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json_fwd.hpp>
 
 namespace xfuser::testing {
 
@@ -35,6 +39,23 @@ double max_rel_error(const at::Tensor& a, const at::Tensor& b);
 
 // Runs a shell command, returning its exit code; stdout+stderr captured into *output if given.
 int run_command(const std::string& command, std::string* output = nullptr);
+
+// The start of a run_command line that runs the rest under `mpirun -np N` (oversubscribed, as
+// root when root, XFUSER_CACHE passed on, one thread per rank), inside `timeout` seconds
+// (0: none).
+std::string mpirun_prefix(int np, int timeout_seconds = 240);
+
+// Max |a - b| over the pixels of two PNG files (1000 when their sizes differ).
+int max_pixel_diff(const std::filesystem::path& a, const std::filesystem::path& b);
+
+// A JSON file (parse errors throw, failing the test).
+nlohmann::json read_json(const std::filesystem::path& path);
+// Every tensor of a safetensors file, copied out of the mapping.
+std::map<std::string, at::Tensor> read_tensors(const std::filesystem::path& path);
+
+// Fails unless `fn` throws an xfuser::Error whose text contains every needle.
+void expect_error_containing(const std::function<void()>& fn,
+                             const std::vector<std::string>& needles);
 
 }  // namespace xfuser::testing
 

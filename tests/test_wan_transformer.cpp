@@ -23,6 +23,9 @@
 #include "tests/test_util.h"
 
 namespace {
+using xfuser::testing::expect_error_containing;
+using xfuser::testing::read_json;
+using xfuser::testing::read_tensors;
 
 namespace fs = std::filesystem;
 using xfuser::models::AttentionCall;
@@ -45,18 +48,6 @@ fs::path fixture_case(const std::string& name) {
   return fixtures_dir() / "diffusers-v0.33.1" / name;
 }
 
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
-
-TensorMap read_tensors(const fs::path& p) {
-  SafetensorsFile file(p.string());
-  TensorMap out;
-  for (const auto& name : file.names()) out[name] = file.get(name).clone();
-  return out;
-}
-
 WanConfig fixture_config(const std::string& name) {
   auto path = fixture_case(name) / "config.json";
   return WanConfig::from_json(read_json(path), path.string());
@@ -72,19 +63,6 @@ std::shared_ptr<WanTransformer3DModel> load_fixture_model(const std::string& nam
                           part.block_end != -1;
   model->load(weights, dtype, "", opts);
   return model;
-}
-
-void expect_error_containing(const std::function<void()>& fn,
-                             const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an xfuser::Error";
-  } catch (const xfuser::Error& e) {
-    for (const auto& n : needles) {
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "'" << n << "' not in: " << e.what();
-    }
-  }
 }
 
 class WanTest : public ::testing::Test {

@@ -15,6 +15,7 @@
 #include "tests/test_util.h"
 
 namespace {
+using xfuser::testing::max_pixel_diff;
 
 namespace fs = std::filesystem;
 
@@ -210,19 +211,6 @@ TEST_F(XfuserRun, MissingTokenizerFileIsNamed) {
 namespace {
 
 // mpirun with the flags these machines need (oversubscribed 2 cores; root in containers).
-std::string mpirun(int np) {
-  std::string cmd = "timeout 240 mpirun -np " + std::to_string(np) + " --oversubscribe";
-  if (geteuid() == 0) cmd += " --allow-run-as-root";
-  return cmd + " -x XFUSER_CACHE -x OMP_NUM_THREADS=1 ";
-}
-
-int max_pixel_diff(const fs::path& a, const fs::path& b) {
-  at::Tensor x = xfuser::runner::read_png(a).to(at::kInt);
-  at::Tensor y = xfuser::runner::read_png(b).to(at::kInt);
-  if (x.sizes() != y.sizes()) return 1000;
-  return (x - y).abs().max().item<int>();
-}
-
 // --use_torch_compile goes through the backend contract: the CPU backend has no compile path,
 // says so in the run report, and the hand-written overrides run; the picture is the same as
 // without the flag, and within one level of the eager reference ops (XFUSER_KERNEL_OVERRIDES=0).
@@ -290,10 +278,11 @@ TEST_F(XfuserRun, UnderMpirunEveryStrategyWritesTheSerialImages) {
         Case{2, "--tensor_parallel_degree 2", "u1r1_tp2"},
         Case{4, "--tensor_parallel_degree 2 --ulysses_degree 2 --use_parallel_vae", "u2r1_tp2"}}) {
     xfuser::testing::TempDir out;
-    ASSERT_EQ(xfuser::testing::run_command(mpirun(c.np) + bin + common + " " + c.flags +
-                                               " --output_directory " + out.path().string(),
-                                           &log),
-              0)
+    ASSERT_EQ(
+        xfuser::testing::run_command(xfuser::testing::mpirun_prefix(c.np) + bin + common + " " +
+                                         c.flags + " --output_directory " + out.path().string(),
+                                     &log),
+        0)
         << c.flags << "\n"
         << log;
     for (int i = 0; i < 3; ++i) {
@@ -324,7 +313,8 @@ TEST_F(XfuserRun, UnderMpirunABadLayoutFailsOnEveryRank) {
   xfuser::testing::TempDir out;
   std::string log;
   int code = xfuser::testing::run_command(
-      mpirun(2) + bin + " --model tiny-flux --prompt x --ulysses_degree 4 --output_directory " +
+      xfuser::testing::mpirun_prefix(2) + bin +
+          " --model tiny-flux --prompt x --ulysses_degree 4 --output_directory " +
           out.path().string(),
       &log);
   EXPECT_NE(code, 0);
@@ -333,7 +323,7 @@ TEST_F(XfuserRun, UnderMpirunABadLayoutFailsOnEveryRank) {
   EXPECT_NE(log.find("world size is 2"), std::string::npos) << log;
   // CFG parallel without a negative prompt: named, every rank ends.
   code = xfuser::testing::run_command(
-      mpirun(2) + bin +
+      xfuser::testing::mpirun_prefix(2) + bin +
           " --model tiny-flux --prompt x --height 32 --width 32 --use_cfg_parallel "
           "--output_directory " +
           out.path().string(),
@@ -352,7 +342,8 @@ TEST_F(XfuserRun, ARankThatThrowsMidStepEndsTheWholeJob) {
   // Rank 1 throws at step 1 while rank 0 waits for it inside a Ulysses all-to-all; a generous
   // --comm_timeout proves the job ends by MPI_Abort, not by the timeout.
   const int code = xfuser::testing::run_command(
-      "XFUSER_INJECT_FAILURE=1:1 " + mpirun(2) + "-x XFUSER_INJECT_FAILURE " + bin +
+      "XFUSER_INJECT_FAILURE=1:1 " + xfuser::testing::mpirun_prefix(2) +
+          "-x XFUSER_INJECT_FAILURE " + bin +
           " --model tiny-flux --prompt x --height 64 --width 64 --num_inference_steps 3 "
           "--ulysses_degree 2 --comm_timeout 300 --output_directory " +
           out.path().string(),
@@ -382,9 +373,9 @@ TEST_F(XfuserRun, ForwardToolUnderMpirunEqualsTheFixture) {
     xfuser::testing::TempDir out;
     std::string log;
     ASSERT_EQ(xfuser::testing::run_command(
-                  mpirun(c.np) + bin + " forward --model-dir " + fixture.string() + " --inputs " +
-                      (fixture / "inputs.safetensors").string() + " --output " +
-                      (out / "out.safetensors").string() + " " + c.flags,
+                  xfuser::testing::mpirun_prefix(c.np) + bin + " forward --model-dir " +
+                      fixture.string() + " --inputs " + (fixture / "inputs.safetensors").string() +
+                      " --output " + (out / "out.safetensors").string() + " " + c.flags,
                   &log),
               0)
         << c.flags << "\n"
@@ -437,8 +428,9 @@ TEST_F(XfuserRun, ValidateChecksFlagsMeshAndWeightsWithoutRunning) {
             "--tensor_parallel_degree 3 does not divide the 2 attention heads"},
            {"--pipefusion_parallel_degree 5 --world_size 5",
             "--pipefusion_parallel_degree 5 exceeds the 4 transformer blocks"},
-           {"--pipefusion_parallel_degree 2 --num_pipeline_patch 9 --world_size 2",
-            "--num_pipeline_patch 9 must be between 1 and the"},
+           // 256x256 is 16 token rows: 17 patches cannot be cut from them.
+           {"--pipefusion_parallel_degree 2 --num_pipeline_patch 17 --world_size 2",
+            "--num_pipeline_patch 17 must be between 1 and the 16 latent token rows"},
            {"--guidance_scale 1e30", "--guidance_scale must be at most 1000"},
            {"--height 16384 --width 16384 --prompt y --prompt z --prompt w --prompt v "
             "--prompt u --prompt t --prompt s",
