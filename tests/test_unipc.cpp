@@ -1,7 +1,9 @@
 // UniPCMultistepScheduler against diffusers v0.33.1 (unipc_flow.json / .safetensors): timesteps,
 // sigmas and a seeded multistep trajectory for Wan's flow configs (shift 3 and 5, also with a
-// bfloat16 model output on float32 latents as Wan runs it), an epsilon-prediction VP config and a
-// bh1 / order-3 / disable_corrector flow config; plus the config errors and the state handling.
+// bfloat16 model output on float32 latents as Wan runs it), an epsilon-prediction VP config, a
+// bh1 / order-3 / disable_corrector flow config, v_prediction without predict_x0 on cosine betas
+// with trailing spacing and a sigma_min end, sample prediction with leading spacing on zero-SNR
+// betas, and a flow sigma_min end without lower_order_final; plus config errors and state handling.
 #include <cmath>
 #include <fstream>
 
@@ -134,8 +136,8 @@ TEST(UniPCFixture, EverySeriesMatchesDiffusers) {
     worst_x = std::max(worst_x, series_x);
     ++series_checked;
   }
-  EXPECT_EQ(series_checked, 10);
-  EXPECT_EQ(steps_checked, 68);
+  EXPECT_EQ(series_checked, 16);
+  EXPECT_EQ(steps_checked, 110);
   std::cout << "[unipc] " << series_checked << " series, " << steps_checked
             << " steps: max sigma err (relative above 1) " << worst_sigma << ", max rel step err "
             << worst_x << std::endl;
