@@ -4,36 +4,12 @@
 #include <fstream>
 
 #include "backends/error.h"
+#include "models/schedulers/scheduler_config.h"
 
 namespace xfuser::models::schedulers {
 namespace {
 
 constexpr const char* kClassName = "FlowMatchEulerDiscreteScheduler";
-
-template <typename T>
-T get_or(const nlohmann::json& json, const char* key, T fallback) {
-  const auto it = json.find(key);
-  if (it == json.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    XF_THROW("scheduler config: '", key, "' has the wrong type: ", e.what());
-  }
-}
-
-// np.linspace(start, stop, n) in float64 (endpoint included, last element exactly stop).
-std::vector<double> linspace(double start, double stop, int64_t n) {
-  std::vector<double> out(static_cast<size_t>(n));
-  if (n == 1) {
-    out[0] = start;
-    return out;
-  }
-  const double step = (stop - start) / static_cast<double>(n - 1);
-  for (int64_t k = 0; k < n; ++k)
-    out[static_cast<size_t>(k)] = static_cast<double>(k) * step + start;
-  out.back() = stop;
-  return out;
-}
 
 // The shift and terminal stretch of set_timesteps, in the arithmetic type numpy uses: float64
 // for the default schedule, float32 (Python scalars rounded to float32) for explicit sigmas.
@@ -77,23 +53,23 @@ FlowMatchEulerConfig FlowMatchEulerConfig::from_json(const nlohmann::json& json)
              it->get<std::string>(), ", expected ", kClassName);
   }
   FlowMatchEulerConfig c;
-  c.num_train_timesteps = get_or<int64_t>(json, "num_train_timesteps", c.num_train_timesteps);
-  c.shift = get_or<double>(json, "shift", c.shift);
-  c.use_dynamic_shifting = get_or<bool>(json, "use_dynamic_shifting", c.use_dynamic_shifting);
-  c.base_shift = get_or<double>(json, "base_shift", c.base_shift);
-  c.max_shift = get_or<double>(json, "max_shift", c.max_shift);
-  c.base_image_seq_len = get_or<int64_t>(json, "base_image_seq_len", c.base_image_seq_len);
-  c.max_image_seq_len = get_or<int64_t>(json, "max_image_seq_len", c.max_image_seq_len);
-  c.invert_sigmas = get_or<bool>(json, "invert_sigmas", c.invert_sigmas);
+  c.num_train_timesteps = config_value<int64_t>(json, "num_train_timesteps", c.num_train_timesteps);
+  c.shift = config_value<double>(json, "shift", c.shift);
+  c.use_dynamic_shifting = config_value<bool>(json, "use_dynamic_shifting", c.use_dynamic_shifting);
+  c.base_shift = config_value<double>(json, "base_shift", c.base_shift);
+  c.max_shift = config_value<double>(json, "max_shift", c.max_shift);
+  c.base_image_seq_len = config_value<int64_t>(json, "base_image_seq_len", c.base_image_seq_len);
+  c.max_image_seq_len = config_value<int64_t>(json, "max_image_seq_len", c.max_image_seq_len);
+  c.invert_sigmas = config_value<bool>(json, "invert_sigmas", c.invert_sigmas);
   if (auto it = json.find("shift_terminal"); it != json.end() && !it->is_null()) {
-    c.shift_terminal = get_or<double>(json, "shift_terminal", 0.0);
+    c.shift_terminal = config_value<double>(json, "shift_terminal", 0.0);
     XF_CHECK(*c.shift_terminal != 1.0, "scheduler config: shift_terminal must not be 1");
   }
   for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas"}) {
-    XF_CHECK(!get_or<bool>(json, key, false), "scheduler config: ", key,
+    XF_CHECK(!config_value<bool>(json, key, false), "scheduler config: ", key,
              "=true is not supported by ", kClassName, " here");
   }
-  const auto type = get_or<std::string>(json, "time_shift_type", "exponential");
+  const auto type = config_value<std::string>(json, "time_shift_type", "exponential");
   if (type == "exponential") {
     c.time_shift_type = TimeShiftType::kExponential;
   } else if (type == "linear") {
@@ -111,17 +87,7 @@ FlowMatchEulerConfig FlowMatchEulerConfig::from_json(const nlohmann::json& json)
 }
 
 FlowMatchEulerConfig FlowMatchEulerConfig::from_file(const std::filesystem::path& path) {
-  const auto file = std::filesystem::is_directory(path) ? path / "scheduler_config.json" : path;
-  XF_CONTEXT("reading the scheduler config ", file);
-  std::ifstream in(file);
-  XF_CHECK(in.good(), "cannot open ", file);
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    XF_THROW("cannot parse ", file, ": ", e.what());
-  }
-  return from_json(json);
+  return from_json(read_scheduler_config(path));
 }
 
 double calculate_shift(int64_t image_seq_len, int64_t base_seq_len, int64_t max_seq_len,

@@ -5,36 +5,12 @@
 #include <fstream>
 
 #include "backends/error.h"
+#include "models/schedulers/scheduler_config.h"
 
 namespace xfuser::models::schedulers {
 namespace {
 
 constexpr const char* kClassName = "UniPCMultistepScheduler";
-
-template <typename T>
-T get_or(const nlohmann::json& json, const char* key, T fallback) {
-  const auto it = json.find(key);
-  if (it == json.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    XF_THROW("scheduler config: '", key, "' has the wrong type: ", e.what());
-  }
-}
-
-// np.linspace(start, stop, n) in float64 (endpoint included, last element exactly stop).
-std::vector<double> linspace(double start, double stop, int64_t n) {
-  std::vector<double> out(static_cast<size_t>(n));
-  if (n == 1) {
-    out[0] = start;
-    return out;
-  }
-  const double step = (stop - start) / static_cast<double>(n - 1);
-  for (int64_t k = 0; k < n; ++k)
-    out[static_cast<size_t>(k)] = static_cast<double>(k) * step + start;
-  out.back() = stop;
-  return out;
-}
 
 // numpy's round: half to even (the default floating-point rounding mode).
 double round_half_even(double v) { return std::nearbyint(v); }
@@ -77,21 +53,21 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
              it->get<std::string>(), ", expected ", kClassName);
   }
   UniPCMultistepConfig c;
-  c.num_train_timesteps = get_or<int64_t>(json, "num_train_timesteps", c.num_train_timesteps);
-  c.beta_start = get_or<double>(json, "beta_start", c.beta_start);
-  c.beta_end = get_or<double>(json, "beta_end", c.beta_end);
-  c.solver_order = get_or<int64_t>(json, "solver_order", c.solver_order);
-  c.sample_max_value = get_or<double>(json, "sample_max_value", c.sample_max_value);
-  c.predict_x0 = get_or<bool>(json, "predict_x0", c.predict_x0);
-  c.lower_order_final = get_or<bool>(json, "lower_order_final", c.lower_order_final);
+  c.num_train_timesteps = config_value<int64_t>(json, "num_train_timesteps", c.num_train_timesteps);
+  c.beta_start = config_value<double>(json, "beta_start", c.beta_start);
+  c.beta_end = config_value<double>(json, "beta_end", c.beta_end);
+  c.solver_order = config_value<int64_t>(json, "solver_order", c.solver_order);
+  c.sample_max_value = config_value<double>(json, "sample_max_value", c.sample_max_value);
+  c.predict_x0 = config_value<bool>(json, "predict_x0", c.predict_x0);
+  c.lower_order_final = config_value<bool>(json, "lower_order_final", c.lower_order_final);
   c.disable_corrector =
-      get_or<std::vector<int64_t>>(json, "disable_corrector", c.disable_corrector);
-  c.use_flow_sigmas = get_or<bool>(json, "use_flow_sigmas", c.use_flow_sigmas);
-  c.flow_shift = get_or<double>(json, "flow_shift", c.flow_shift);
-  c.steps_offset = get_or<int64_t>(json, "steps_offset", c.steps_offset);
-  c.rescale_betas_zero_snr = get_or<bool>(json, "rescale_betas_zero_snr", false);
+      config_value<std::vector<int64_t>>(json, "disable_corrector", c.disable_corrector);
+  c.use_flow_sigmas = config_value<bool>(json, "use_flow_sigmas", c.use_flow_sigmas);
+  c.flow_shift = config_value<double>(json, "flow_shift", c.flow_shift);
+  c.steps_offset = config_value<int64_t>(json, "steps_offset", c.steps_offset);
+  c.rescale_betas_zero_snr = config_value<bool>(json, "rescale_betas_zero_snr", false);
 
-  const auto schedule = get_or<std::string>(json, "beta_schedule", "linear");
+  const auto schedule = config_value<std::string>(json, "beta_schedule", "linear");
   if (schedule == "linear") {
     c.beta_schedule = BetaSchedule::kLinear;
   } else if (schedule == "scaled_linear") {
@@ -102,7 +78,7 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
     XF_THROW("scheduler config: beta_schedule '", schedule,
              "' is not one of linear, scaled_linear, squaredcos_cap_v2");
   }
-  const auto prediction = get_or<std::string>(json, "prediction_type", "epsilon");
+  const auto prediction = config_value<std::string>(json, "prediction_type", "epsilon");
   if (prediction == "epsilon") {
     c.prediction_type = UniPCPrediction::kEpsilon;
   } else if (prediction == "sample") {
@@ -116,7 +92,7 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
              "' is not one of epsilon, sample, v_prediction, flow_prediction");
   }
   // diffusers maps the DPM-Solver names onto bh2.
-  const auto solver = get_or<std::string>(json, "solver_type", "bh2");
+  const auto solver = config_value<std::string>(json, "solver_type", "bh2");
   if (solver == "bh1") {
     c.solver_type = UniPCSolverType::kBh1;
   } else if (solver == "bh2" || solver == "midpoint" || solver == "heun" || solver == "logrho") {
@@ -124,7 +100,7 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
   } else {
     XF_THROW("scheduler config: solver_type '", solver, "' is not one of bh1, bh2");
   }
-  const auto spacing = get_or<std::string>(json, "timestep_spacing", "linspace");
+  const auto spacing = config_value<std::string>(json, "timestep_spacing", "linspace");
   if (spacing == "linspace") {
     c.timestep_spacing = TimestepSpacing::kLinspace;
   } else if (spacing == "leading") {
@@ -135,7 +111,7 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
     XF_THROW("scheduler config: timestep_spacing '", spacing,
              "' is not one of linspace, leading, trailing");
   }
-  const auto final_type = get_or<std::string>(json, "final_sigmas_type", "zero");
+  const auto final_type = config_value<std::string>(json, "final_sigmas_type", "zero");
   if (final_type == "zero") {
     c.final_sigmas_type = FinalSigmasType::kZero;
   } else if (final_type == "sigma_min") {
@@ -147,7 +123,7 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
 
   for (const char* key :
        {"thresholding", "use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas"}) {
-    XF_CHECK(!get_or<bool>(json, key, false), "scheduler config: ", key,
+    XF_CHECK(!config_value<bool>(json, key, false), "scheduler config: ", key,
              "=true is not supported by ", kClassName, " here");
   }
   for (const char* key : {"trained_betas", "solver_p"}) {
@@ -167,17 +143,7 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
 }
 
 UniPCMultistepConfig UniPCMultistepConfig::from_file(const std::filesystem::path& path) {
-  const auto file = std::filesystem::is_directory(path) ? path / "scheduler_config.json" : path;
-  XF_CONTEXT("reading the scheduler config ", file);
-  std::ifstream in(file);
-  XF_CHECK(in.good(), "cannot open ", file);
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    XF_THROW("cannot parse ", file, ": ", e.what());
-  }
-  return from_json(json);
+  return from_json(read_scheduler_config(path));
 }
 
 UniPCMultistepScheduler::UniPCMultistepScheduler(UniPCMultistepConfig config)

@@ -1,0 +1,32 @@
+#include "models/schedulers/scheduler_config.h"
+
+#include <fstream>
+
+namespace xfuser::models::schedulers {
+
+nlohmann::json read_scheduler_config(const std::filesystem::path& path) {
+  const auto file = std::filesystem::is_directory(path) ? path / "scheduler_config.json" : path;
+  XF_CONTEXT("reading the scheduler config ", file);
+  std::ifstream in(file);
+  XF_CHECK(in.good(), "cannot open ", file);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    XF_THROW("cannot parse ", file, ": ", e.what());
+  }
+}
+
+std::vector<double> linspace(double start, double stop, int64_t n) {
+  std::vector<double> out(static_cast<size_t>(n));
+  if (n == 1) {
+    out[0] = start;
+    return out;
+  }
+  const double step = (stop - start) / static_cast<double>(n - 1);
+  for (int64_t k = 0; k < n; ++k)
+    out[static_cast<size_t>(k)] = static_cast<double>(k) * step + start;
+  out.back() = stop;
+  return out;
+}
+
+}  // namespace xfuser::models::schedulers

@@ -1,0 +1,33 @@
+// What every scheduler's config reader shares: scheduler_config.json read from a file or a
+// pipeline's scheduler folder, typed fields with diffusers' defaults, and numpy's linspace.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
+
+namespace xfuser::models::schedulers {
+
+// `path` itself, or path/scheduler_config.json when it is a folder, parsed (errors name the file).
+nlohmann::json read_scheduler_config(const std::filesystem::path& path);
+
+// json[key] as T; absent or null: `fallback`; the wrong type is an error naming the key.
+template <typename T>
+T config_value(const nlohmann::json& json, const char* key, T fallback) {
+  const auto it = json.find(key);
+  if (it == json.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    XF_THROW("scheduler config: '", key, "' has the wrong type: ", e.what());
+  }
+}
+
+// np.linspace(start, stop, n) in float64 (endpoint included, last element exactly stop).
+std::vector<double> linspace(double start, double stop, int64_t n);
+
+}  // namespace xfuser::models::schedulers
