@@ -16,6 +16,7 @@
 #include "backends/error.h"
 #include "models/common/component.h"
 #include "models/common/pipeline_cache.h"
+#include "models/common/tiny_pipeline.h"
 #include "models/tokenizers/spm_library.h"
 #include "models/weights/safetensors.h"
 
@@ -105,36 +106,6 @@ std::vector<std::pair<int, std::string>> bytes_to_unicode() {
   std::vector<std::pair<int, std::string>> out;
   for (size_t i = 0; i < bs.size(); ++i) out.emplace_back(bs[i], utf8(cs[i]));
   return out;
-}
-
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  XF_CHECK(out.good(), "cannot write ", path.string());
-}
-
-void write_json(const fs::path& path, const json& j) { write_text(path, j.dump(2) + "\n"); }
-
-// Builds a component from its config, fills it with seeded random weights (norm scales near 1)
-// and writes `weights_name` next to config.json.
-void write_component(const fs::path& dir, const json& config, const std::string& weights_name,
-                     uint64_t seed) {
-  fs::create_directories(dir);
-  write_json(dir / "config.json", config);
-  const std::string cls = config.contains("_class_name")
-                              ? config["_class_name"].get<std::string>()
-                              : config["architectures"][0].get<std::string>();
-  auto component = ComponentRegistry::create(cls, config, (dir / "config.json").string());
-  component->init_random(seed, 0.05);
-  std::map<std::string, at::Tensor> tensors;
-  for (auto& [name, slot] : component->named_parameters()) {
-    at::Tensor t = slot->tensor.to(at::kFloat);
-    const bool is_norm_scale = t.dim() == 1 && name.find("norm") != std::string::npos &&
-                               name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
-    if (is_norm_scale) t = t + 1.0;
-    tensors[name] = t.contiguous();
-  }
-  save_safetensors((dir / weights_name).string(), tensors, {{"format", "pt"}});
 }
 
 json special_token(const std::string& content) {
@@ -227,28 +198,28 @@ void make_tiny_flux(const fs::path& out, uint64_t seed) {
   fs::create_directories(out, ec);
   XF_CHECK(!ec, "cannot create ", out.string(), ": ", ec.message());
 
-  write_json(out / "model_index.json",
-             {{"_class_name", "FluxPipeline"},
-              {"_diffusers_version", "0.33.1"},
-              {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
-              {"text_encoder", {"transformers", "CLIPTextModel"}},
-              {"text_encoder_2", {"transformers", "T5EncoderModel"}},
-              {"tokenizer", {"transformers", "CLIPTokenizer"}},
-              {"tokenizer_2", {"transformers", "T5TokenizerFast"}},
-              {"transformer", {"diffusers", "FluxTransformer2DModel"}},
-              {"vae", {"diffusers", "AutoencoderKL"}}});
+  write_json_file(out / "model_index.json",
+                  {{"_class_name", "FluxPipeline"},
+                   {"_diffusers_version", "0.33.1"},
+                   {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+                   {"text_encoder", {"transformers", "CLIPTextModel"}},
+                   {"text_encoder_2", {"transformers", "T5EncoderModel"}},
+                   {"tokenizer", {"transformers", "CLIPTokenizer"}},
+                   {"tokenizer_2", {"transformers", "T5TokenizerFast"}},
+                   {"transformer", {"diffusers", "FluxTransformer2DModel"}},
+                   {"vae", {"diffusers", "AutoencoderKL"}}});
 
   fs::create_directories(out / "scheduler");
-  write_json(out / "scheduler" / "scheduler_config.json",
-             {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
-              {"_diffusers_version", "0.33.1"},
-              {"base_image_seq_len", 256},
-              {"base_shift", 0.5},
-              {"max_image_seq_len", 4096},
-              {"max_shift", 1.15},
-              {"num_train_timesteps", 1000},
-              {"shift", 3.0},
-              {"use_dynamic_shifting", true}});
+  write_json_file(out / "scheduler" / "scheduler_config.json",
+                  {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
+                   {"_diffusers_version", "0.33.1"},
+                   {"base_image_seq_len", 256},
+                   {"base_shift", 0.5},
+                   {"max_image_seq_len", 4096},
+                   {"max_shift", 1.15},
+                   {"num_train_timesteps", 1000},
+                   {"shift", 3.0},
+                   {"use_dynamic_shifting", true}});
 
   // tokenizer/: byte-level BPE learned from the corpus.
   auto [vocab, merges] = train_byte_bpe(corpus(), 300);
@@ -256,21 +227,22 @@ void make_tiny_flux(const fs::path& out, uint64_t seed) {
   {
     json v = json::object();
     for (size_t i = 0; i < vocab.size(); ++i) v[vocab[i]] = i;
-    write_text(out / "tokenizer" / "vocab.json", v.dump() + "\n");
+    write_text_file(out / "tokenizer" / "vocab.json", v.dump() + "\n");
     std::string m = "#version: 0.2\n";
     for (const auto& [a, b] : merges) m += a + " " + b + "\n";
-    write_text(out / "tokenizer" / "merges.txt", m);
-    write_json(out / "tokenizer" / "special_tokens_map.json",
-               {{"bos_token", special_token("<|startoftext|>")},
-                {"eos_token", special_token("<|endoftext|>")},
-                {"pad_token", "<|endoftext|>"},
-                {"unk_token", special_token("<|endoftext|>")}});
-    write_json(out / "tokenizer" / "tokenizer_config.json", {{"tokenizer_class", "CLIPTokenizer"},
-                                                             {"model_max_length", 77},
-                                                             {"bos_token", "<|startoftext|>"},
-                                                             {"eos_token", "<|endoftext|>"},
-                                                             {"pad_token", "<|endoftext|>"},
-                                                             {"unk_token", "<|endoftext|>"}});
+    write_text_file(out / "tokenizer" / "merges.txt", m);
+    write_json_file(out / "tokenizer" / "special_tokens_map.json",
+                    {{"bos_token", special_token("<|startoftext|>")},
+                     {"eos_token", special_token("<|endoftext|>")},
+                     {"pad_token", "<|endoftext|>"},
+                     {"unk_token", special_token("<|endoftext|>")}});
+    write_json_file(out / "tokenizer" / "tokenizer_config.json",
+                    {{"tokenizer_class", "CLIPTokenizer"},
+                     {"model_max_length", 77},
+                     {"bos_token", "<|startoftext|>"},
+                     {"eos_token", "<|endoftext|>"},
+                     {"pad_token", "<|endoftext|>"},
+                     {"unk_token", "<|endoftext|>"}});
   }
   const int64_t clip_vocab = static_cast<int64_t>(vocab.size());
 
@@ -280,7 +252,7 @@ void make_tiny_flux(const fs::path& out, uint64_t seed) {
     const fs::path corpus_file = out / "tokenizer_2" / ".corpus.txt";
     std::string text;
     for (const auto& line : corpus()) text += line + "\n";
-    write_text(corpus_file, text);
+    write_text_file(corpus_file, text);
     // T5's id layout: <pad> 0, </s> 1, <unk> 2, no BOS.
     tokenizers::train_sentencepiece(corpus_file, out / "tokenizer_2" / "spiece", 200, "unigram",
                                     {{"pad_id", "0"},
@@ -292,68 +264,69 @@ void make_tiny_flux(const fs::path& out, uint64_t seed) {
                                      {"unk_piece", "<unk>"}});
     fs::remove(corpus_file);
     fs::remove(out / "tokenizer_2" / "spiece.vocab");
-    write_json(out / "tokenizer_2" / "special_tokens_map.json",
-               {{"eos_token", "</s>"}, {"pad_token", "<pad>"}, {"unk_token", "<unk>"}});
-    write_json(out / "tokenizer_2" / "tokenizer_config.json", {{"tokenizer_class", "T5Tokenizer"},
-                                                               {"model_max_length", 512},
-                                                               {"eos_token", "</s>"},
-                                                               {"pad_token", "<pad>"},
-                                                               {"unk_token", "<unk>"},
-                                                               {"extra_ids", 0}});
+    write_json_file(out / "tokenizer_2" / "special_tokens_map.json",
+                    {{"eos_token", "</s>"}, {"pad_token", "<pad>"}, {"unk_token", "<unk>"}});
+    write_json_file(out / "tokenizer_2" / "tokenizer_config.json",
+                    {{"tokenizer_class", "T5Tokenizer"},
+                     {"model_max_length", 512},
+                     {"eos_token", "</s>"},
+                     {"pad_token", "<pad>"},
+                     {"unk_token", "<unk>"},
+                     {"extra_ids", 0}});
   }
   auto spm = tokenizers::SentencePieceModel::load(out / "tokenizer_2" / "spiece.model");
   const int64_t t5_vocab = spm->piece_size();
 
-  write_component(out / "text_encoder",
-                  {{"architectures", {"CLIPTextModel"}},
-                   {"model_type", "clip_text_model"},
-                   {"vocab_size", clip_vocab},
-                   {"hidden_size", 32},
-                   {"intermediate_size", 64},
-                   {"projection_dim", 32},
-                   {"num_hidden_layers", 2},
-                   {"num_attention_heads", 4},
-                   {"max_position_embeddings", 77},
-                   {"hidden_act", "quick_gelu"},
-                   {"layer_norm_eps", 1e-5},
-                   {"bos_token_id", clip_vocab - 2},
-                   {"eos_token_id", clip_vocab - 1},
-                   {"pad_token_id", clip_vocab - 1},
-                   {"torch_dtype", "float32"}},
-                  "model.safetensors", seed + 1);
-  write_component(out / "text_encoder_2",
-                  {{"architectures", {"T5EncoderModel"}},
-                   {"model_type", "t5"},
-                   {"vocab_size", t5_vocab},
-                   {"d_model", 32},
-                   {"d_kv", 8},
-                   {"d_ff", 64},
-                   {"num_layers", 2},
-                   {"num_heads", 4},
-                   {"relative_attention_num_buckets", 32},
-                   {"relative_attention_max_distance", 128},
-                   {"feed_forward_proj", "gated-gelu"},
-                   {"layer_norm_epsilon", 1e-6},
-                   {"eos_token_id", 1},
-                   {"pad_token_id", 0},
-                   {"torch_dtype", "float32"}},
-                  "model.safetensors", seed + 2);
-  write_component(out / "transformer",
-                  {{"_class_name", "FluxTransformer2DModel"},
-                   {"_diffusers_version", "0.33.1"},
-                   {"patch_size", 1},
-                   {"in_channels", 64},
-                   {"out_channels", nullptr},
-                   {"num_layers", 2},
-                   {"num_single_layers", 2},
-                   {"attention_head_dim", 16},
-                   {"num_attention_heads", 2},
-                   {"joint_attention_dim", 32},
-                   {"pooled_projection_dim", 32},
-                   {"guidance_embeds", true},
-                   {"axes_dims_rope", {4, 6, 6}}},
-                  "diffusion_pytorch_model.safetensors", seed + 3);
-  write_component(
+  write_random_component(out / "text_encoder",
+                         {{"architectures", {"CLIPTextModel"}},
+                          {"model_type", "clip_text_model"},
+                          {"vocab_size", clip_vocab},
+                          {"hidden_size", 32},
+                          {"intermediate_size", 64},
+                          {"projection_dim", 32},
+                          {"num_hidden_layers", 2},
+                          {"num_attention_heads", 4},
+                          {"max_position_embeddings", 77},
+                          {"hidden_act", "quick_gelu"},
+                          {"layer_norm_eps", 1e-5},
+                          {"bos_token_id", clip_vocab - 2},
+                          {"eos_token_id", clip_vocab - 1},
+                          {"pad_token_id", clip_vocab - 1},
+                          {"torch_dtype", "float32"}},
+                         "model.safetensors", seed + 1);
+  write_random_component(out / "text_encoder_2",
+                         {{"architectures", {"T5EncoderModel"}},
+                          {"model_type", "t5"},
+                          {"vocab_size", t5_vocab},
+                          {"d_model", 32},
+                          {"d_kv", 8},
+                          {"d_ff", 64},
+                          {"num_layers", 2},
+                          {"num_heads", 4},
+                          {"relative_attention_num_buckets", 32},
+                          {"relative_attention_max_distance", 128},
+                          {"feed_forward_proj", "gated-gelu"},
+                          {"layer_norm_epsilon", 1e-6},
+                          {"eos_token_id", 1},
+                          {"pad_token_id", 0},
+                          {"torch_dtype", "float32"}},
+                         "model.safetensors", seed + 2);
+  write_random_component(out / "transformer",
+                         {{"_class_name", "FluxTransformer2DModel"},
+                          {"_diffusers_version", "0.33.1"},
+                          {"patch_size", 1},
+                          {"in_channels", 64},
+                          {"out_channels", nullptr},
+                          {"num_layers", 2},
+                          {"num_single_layers", 2},
+                          {"attention_head_dim", 16},
+                          {"num_attention_heads", 2},
+                          {"joint_attention_dim", 32},
+                          {"pooled_projection_dim", 32},
+                          {"guidance_embeds", true},
+                          {"axes_dims_rope", {4, 6, 6}}},
+                         "diffusion_pytorch_model.safetensors", seed + 3);
+  write_random_component(
       out / "vae",
       {{"_class_name", "AutoencoderKL"},
        {"_diffusers_version", "0.33.1"},

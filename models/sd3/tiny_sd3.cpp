@@ -11,6 +11,7 @@
 
 #include "backends/error.h"
 #include "models/common/component.h"
+#include "models/common/tiny_pipeline.h"
 #include "models/flux/tiny_flux.h"
 #include "models/sd3/sd3_transformer.h"
 #include "models/tokenizers/spm_library.h"
@@ -22,44 +23,27 @@ using nlohmann::json;
 
 namespace {
 
-void write_json(const fs::path& path, const json& j) {
-  std::ofstream out(path, std::ios::binary);
-  out << j.dump(2) << "\n";
-  XF_CHECK(out.good(), "cannot write ", path.string());
-}
-
 json read_json(const fs::path& path) {
   std::ifstream in(path);
   XF_CHECK(in.good(), "cannot read ", path.string());
   return json::parse(in);
 }
 
-// Builds a component from its config, fills it with seeded random weights (norm scales near 1,
-// SD3's position table the sin-cos table diffusers stores) and writes `weights_name`.
+// A component folder with seeded random weights; SD3's position table holds the sin-cos table
+// diffusers stores.
 void write_component(const fs::path& dir, const json& config, const std::string& weights_name,
                      uint64_t seed) {
-  fs::create_directories(dir);
-  write_json(dir / "config.json", config);
-  const std::string cls = config.contains("_class_name")
-                              ? config["_class_name"].get<std::string>()
-                              : config["architectures"][0].get<std::string>();
-  auto component = ComponentRegistry::create(cls, config, (dir / "config.json").string());
-  component->init_random(seed, 0.05);
-  std::map<std::string, at::Tensor> tensors;
-  for (auto& [name, slot] : component->named_parameters()) {
-    at::Tensor t = slot->tensor.to(at::kFloat);
-    const bool is_norm_scale = t.dim() == 1 && name.find("norm") != std::string::npos &&
-                               name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
-    if (is_norm_scale) t = t + 1.0;
-    if (cls == "SD3Transformer2DModel" && name == "pos_embed.pos_embed") {
-      auto c = SD3Config::from_json(config, (dir / "config.json").string());
-      t = SD3Transformer2DModel::sincos_pos_table(c.inner_dim(), c.max_grid(), c.base_size(),
-                                                  t.options())
-              .unsqueeze(0);
-    }
-    tensors[name] = t.contiguous();
-  }
-  save_safetensors((dir / weights_name).string(), tensors, {{"format", "pt"}});
+  write_random_component(dir, config, weights_name, seed,
+                         [&](const std::string& name, const at::Tensor& t) {
+                           if (name != "pos_embed.pos_embed" ||
+                               config.value("_class_name", "") != "SD3Transformer2DModel") {
+                             return t;
+                           }
+                           auto c = SD3Config::from_json(config, (dir / "config.json").string());
+                           return SD3Transformer2DModel::sincos_pos_table(
+                                      c.inner_dim(), c.max_grid(), c.base_size(), t.options())
+                               .unsqueeze(0);
+                         });
 }
 
 json clip_config(const std::string& act, int64_t vocab, int64_t hidden, int64_t intermediate,
@@ -101,43 +85,43 @@ void write(const fs::path& out, uint64_t seed, bool with_t5) {
   fs::copy(flux / "tokenizer", out / "tokenizer_2", copy);
   auto special = read_json(out / "tokenizer_2" / "special_tokens_map.json");
   special["pad_token"] = "!";
-  write_json(out / "tokenizer_2" / "special_tokens_map.json", special);
+  write_json_file(out / "tokenizer_2" / "special_tokens_map.json", special);
   auto tok_config = read_json(out / "tokenizer_2" / "tokenizer_config.json");
   tok_config["pad_token"] = "!";
-  write_json(out / "tokenizer_2" / "tokenizer_config.json", tok_config);
+  write_json_file(out / "tokenizer_2" / "tokenizer_config.json", tok_config);
   if (with_t5) {
     fs::copy(flux / "tokenizer_2", out / "tokenizer_3", copy);
     auto t5_config = read_json(out / "tokenizer_3" / "tokenizer_config.json");
     t5_config["model_max_length"] = 256;
-    write_json(out / "tokenizer_3" / "tokenizer_config.json", t5_config);
+    write_json_file(out / "tokenizer_3" / "tokenizer_config.json", t5_config);
   }
   fs::remove_all(flux, ec);
   const int64_t clip_vocab =
       static_cast<int64_t>(read_json(out / "tokenizer" / "vocab.json").size());
 
   const json null_pair = {nullptr, nullptr};
-  write_json(out / "model_index.json",
-             {{"_class_name", "StableDiffusion3Pipeline"},
-              {"_diffusers_version", "0.33.1"},
-              {"feature_extractor", null_pair},
-              {"image_encoder", null_pair},
-              {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
-              {"text_encoder", {"transformers", "CLIPTextModelWithProjection"}},
-              {"text_encoder_2", {"transformers", "CLIPTextModelWithProjection"}},
-              {"text_encoder_3", with_t5 ? json{"transformers", "T5EncoderModel"} : null_pair},
-              {"tokenizer", {"transformers", "CLIPTokenizer"}},
-              {"tokenizer_2", {"transformers", "CLIPTokenizer"}},
-              {"tokenizer_3", with_t5 ? json{"transformers", "T5TokenizerFast"} : null_pair},
-              {"transformer", {"diffusers", "SD3Transformer2DModel"}},
-              {"vae", {"diffusers", "AutoencoderKL"}}});
+  write_json_file(out / "model_index.json",
+                  {{"_class_name", "StableDiffusion3Pipeline"},
+                   {"_diffusers_version", "0.33.1"},
+                   {"feature_extractor", null_pair},
+                   {"image_encoder", null_pair},
+                   {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+                   {"text_encoder", {"transformers", "CLIPTextModelWithProjection"}},
+                   {"text_encoder_2", {"transformers", "CLIPTextModelWithProjection"}},
+                   {"text_encoder_3", with_t5 ? json{"transformers", "T5EncoderModel"} : null_pair},
+                   {"tokenizer", {"transformers", "CLIPTokenizer"}},
+                   {"tokenizer_2", {"transformers", "CLIPTokenizer"}},
+                   {"tokenizer_3", with_t5 ? json{"transformers", "T5TokenizerFast"} : null_pair},
+                   {"transformer", {"diffusers", "SD3Transformer2DModel"}},
+                   {"vae", {"diffusers", "AutoencoderKL"}}});
 
   fs::create_directories(out / "scheduler");
-  write_json(out / "scheduler" / "scheduler_config.json",
-             {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
-              {"_diffusers_version", "0.33.1"},
-              {"num_train_timesteps", 1000},
-              {"shift", 3.0},
-              {"use_dynamic_shifting", false}});
+  write_json_file(out / "scheduler" / "scheduler_config.json",
+                  {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
+                   {"_diffusers_version", "0.33.1"},
+                   {"num_train_timesteps", 1000},
+                   {"shift", 3.0},
+                   {"use_dynamic_shifting", false}});
 
   // CLIP-L layout (quick GELU) and CLIP-G layout (wider, erf GELU); SD3 uses both with
   // projection: hidden_states[-2] for the sequence, text_embeds for the pooled vector.
