@@ -17,6 +17,11 @@ at::Tensor DiTTransformer::forward(const DiTInputs& in) const {
   return finalize(a);
 }
 
+TensorMap DiTTransformer::call(const std::string& method, const TensorMap& inputs) {
+  XF_CHECK(method == "forward", class_name(), " has no method '", method, "' (methods: forward)");
+  return forward_outputs(forward(parse_forward_inputs(inputs)), inputs);
+}
+
 at::Tensor DiTTransformer::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const AttentionCall& call) const {
   XF_SPAN("attention", "attention");

@@ -105,6 +105,8 @@ class DiTTransformer : public Component {
   // inputs (checked), and the token output [B, N, C_out] back as call("forward")'s outputs.
   virtual DiTInputs parse_forward_inputs(const TensorMap& inputs) const = 0;
   virtual TensorMap forward_outputs(const at::Tensor& tokens, const TensorMap& inputs) const = 0;
+  // Component::call for every DiT: "forward" = forward_outputs(forward(parse_forward_inputs)).
+  TensorMap call(const std::string& method, const TensorMap& inputs) override;
 
   // The part held, with block_end resolved.
   const DiTPart& part() const { return part_; }

@@ -493,12 +493,6 @@ FluxInputs FluxTransformer2DModel::from_dit(const dit::DiTInputs& in) {
   return out;
 }
 
-TensorMap FluxTransformer2DModel::call(const std::string& method, const TensorMap& inputs) {
-  XF_CHECK(method == "forward", "FluxTransformer2DModel has no method '", method,
-           "' (methods: forward)");
-  return {{"sample", forward(parse_inputs(inputs))}};
-}
-
 std::shared_ptr<Component> make_flux_transformer(const nlohmann::json& config,
                                                  const std::string& config_path) {
   return std::make_shared<FluxTransformer2DModel>(FluxConfig::from_json(config, config_path));

@@ -60,7 +60,7 @@ class FluxTransformer2DModel : public dit::DiTTransformer {
 
   std::string class_name() const override { return "FluxTransformer2DModel"; }
   // "forward": inputs under FluxInputs' names; output {"sample": [B, N, patch^2 * out_channels]}.
-  TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  using dit::DiTTransformer::call;  // forward_outputs(forward(parse_forward_inputs(inputs)))
 
   const FluxConfig& config() const { return config_; }
   // Dtype of the loaded parameters (the compute dtype); an error before loading.

@@ -556,12 +556,6 @@ TensorMap SD3Transformer2DModel::forward_outputs(const at::Tensor& tokens,
                                 config_.resolved_out_channels())}};
 }
 
-TensorMap SD3Transformer2DModel::call(const std::string& method, const TensorMap& inputs) {
-  XF_CHECK(method == "forward", "SD3Transformer2DModel has no method '", method,
-           "' (methods: forward)");
-  return forward_outputs(forward(parse_forward_inputs(inputs)), inputs);
-}
-
 std::shared_ptr<dit::DiTTransformer> make_sd3_transformer(const nlohmann::json& config,
                                                           const std::string& config_path,
                                                           dit::DiTPart part, TensorParallel tp) {

@@ -38,7 +38,7 @@ class SD3Transformer2DModel : public dit::DiTTransformer {
   // "forward": hidden_states [B, C, H, W], encoder_hidden_states [B, L, joint_attention_dim],
   // pooled_projections [B, pooled_projection_dim], timestep [B] or [1] (int64 or float, t =
   // sigma * 1000) -> {"sample": [B, out_channels, H, W]}.
-  TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  using dit::DiTTransformer::call;  // forward_outputs(forward(parse_forward_inputs(inputs)))
 
   const SD3Config& config() const { return config_; }
 

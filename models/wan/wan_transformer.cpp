@@ -618,12 +618,6 @@ TensorMap WanTransformer3DModel::forward_outputs(const at::Tensor& tokens,
                                 config_.resolved_out_channels())}};
 }
 
-TensorMap WanTransformer3DModel::call(const std::string& method, const TensorMap& inputs) {
-  XF_CHECK(method == "forward", "WanTransformer3DModel has no method '", method,
-           "' (methods: forward)");
-  return forward_outputs(forward(parse_forward_inputs(inputs)), inputs);
-}
-
 std::shared_ptr<dit::DiTTransformer> make_wan_transformer(const nlohmann::json& config,
                                                           const std::string& config_path,
                                                           dit::DiTPart part, TensorParallel tp) {

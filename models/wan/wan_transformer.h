@@ -58,7 +58,7 @@ class WanTransformer3DModel : public dit::DiTTransformer {
   // "forward": hidden_states [B, C, F, H, W], timestep [B] or [1] (int64 or float),
   // encoder_hidden_states [B, L, text_dim], encoder_hidden_states_image [B, 257, image_dim]
   // (I2V) -> {"sample": [B, out_C, F, H, W]}.
-  TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  using dit::DiTTransformer::call;  // forward_outputs(forward(parse_forward_inputs(inputs)))
 
   const WanConfig& config() const { return config_; }
 
