@@ -3,3 +3,6 @@
 # against one rank.
 xfuser_add_test(test_wan_transformer.cpp LABELS unit fixture)
 xfuser_add_test(test_wan_sequence_parallel.cpp NP 2 TIMEOUT 300 LABELS fixture)
+# The Wan 2.1 T2V pipeline end to end: parity with diffusers' WanPipeline (test_pipeline_parity),
+# prompt cleaning.
+xfuser_add_test(test_wan_prompt.cpp LABELS unit)

@@ -139,11 +139,15 @@ char32_t simple_title(char32_t cp) {
   return static_cast<char32_t>(u_totitle(static_cast<UChar32>(cp)));
 }
 
-std::u32string nfc(const std::u32string& text) {
+namespace {
+
+std::u32string normalize(const std::u32string& text, bool compatibility) {
   if (text.empty()) return text;
   UErrorCode status = U_ZERO_ERROR;
-  const UNormalizer2* normalizer = unorm2_getNFCInstance(&status);
-  XF_CHECK(U_SUCCESS(status), "ICU NFC normaliser unavailable: ", u_errorName(status));
+  const char* form = compatibility ? "NFKC" : "NFC";
+  const UNormalizer2* normalizer =
+      compatibility ? unorm2_getNFKCInstance(&status) : unorm2_getNFCInstance(&status);
+  XF_CHECK(U_SUCCESS(status), "ICU ", form, " normaliser unavailable: ", u_errorName(status));
   const std::u16string source = to_utf16(text);
   std::u16string out(source.size() * 3 + 16, u'\0');
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -156,12 +160,18 @@ std::u32string nfc(const std::u32string& text) {
       out.assign(static_cast<size_t>(length), u'\0');
       continue;
     }
-    XF_CHECK(U_SUCCESS(status), "ICU NFC normalisation failed: ", u_errorName(status));
+    XF_CHECK(U_SUCCESS(status), "ICU ", form, " normalisation failed: ", u_errorName(status));
     out.resize(static_cast<size_t>(length));
     return to_utf32(out);
   }
-  XF_THROW("ICU NFC normalisation did not converge");
+  XF_THROW("ICU ", form, " normalisation did not converge");
 }
+
+}  // namespace
+
+std::u32string nfc(const std::u32string& text) { return normalize(text, false); }
+
+std::u32string nfkc(const std::u32string& text) { return normalize(text, true); }
 
 std::u32string to_lower(const std::u32string& text) {
   if (text.empty()) return text;

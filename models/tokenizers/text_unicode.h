@@ -27,6 +27,8 @@ char32_t fold_case(char32_t cp);
 
 // unicodedata.normalize("NFC", text).
 std::u32string nfc(const std::u32string& text);
+// unicodedata.normalize("NFKC", text).
+std::u32string nfkc(const std::u32string& text);
 // Python str.lower(): full lower-case mapping (SpecialCasing, Final_Sigma).
 std::u32string to_lower(const std::u32string& text);
 
