@@ -53,7 +53,6 @@ const std::vector<Planned>& planned_models() {
       {{"SD3.5", "stable-diffusion-3.5-large", "stabilityai/stable-diffusion-3.5-large",
         "stabilityai/stable-diffusion-3-medium-diffusers"},
        "Stable Diffusion 3 / 3.5 (text-to-image)"},
-      {{"Wan2.1-T2V", "Wan-AI/Wan2.1-T2V-14B-Diffusers"}, "Wan 2.1 text-to-video"},
       {{"Wan2.2-T2V", "Wan-AI/Wan2.2-T2V-A14B-Diffusers"}, "Wan 2.2 text-to-video"},
       {{"Wan2.1-I2V", "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"}, "Wan 2.1 image-to-video"},
       {{"Wan2.2-I2V", "Wan-AI/Wan2.2-I2V-A14B-Diffusers"}, "Wan 2.2 image-to-video"},

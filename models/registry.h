@@ -25,6 +25,10 @@ struct ModelDefaults {
   double guidance_scale = 3.5;
   int max_sequence_length = 512;
   int num_frames = 0;  // 0 for image models
+  int fps = 0;         // video models: the output's frame rate (--fps)
+  // Flow-matching models whose runner default overrides the scheduler folder's shift
+  // (--flow_shift); 0: the folder's.
+  double flow_shift = 0.0;
 };
 
 // Parallel strategies, named by the flag that enables them.
@@ -44,6 +48,7 @@ struct RunLayout {
   std::vector<int64_t> pipefusion_layers;  // empty: balanced
   int num_pipeline_patch = 0;              // 0: the pp degree
   int height = 0, width = 0;
+  int num_frames = 0;  // video models (defaults applied); 0 for image models
   int max_sequence_length = 0;
   int batch_size = 1;           // prompts per generate() call
   bool true_cfg = false;        // every prompt has a negative prompt and true_cfg_scale > 1

@@ -125,8 +125,10 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
     XF_SPAN("stage", "decode");
     out.timings.push_back({"decode", -1, timed([&] { decode(*state); })});
   }
-  XF_CHECK(state->images.defined() && state->images.dim() == 4, spec_.id,
-           ": decode() produced no images");
+  // Images [B, H, W, 3]; videos [B, F, H, W, 3].
+  const int64_t dims = spec_.defaults.num_frames > 0 ? 5 : 4;
+  XF_CHECK(state->images.defined() && state->images.dim() == dims, spec_.id,
+           ": decode() produced no ", dims == 5 ? "videos" : "images");
   out.images = state->images;
   out.latents = state->latents;
   out.initial_latents = state->initial_latents;

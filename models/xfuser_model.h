@@ -50,6 +50,14 @@ struct GenerationRequest {
   // PipeFusion (pp > 1): image patches (0: the pp degree) and synchronous warm-up steps.
   int num_pipeline_patch = 0;
   int pipefusion_warmup_steps = 1;
+  // Video models: frames to generate (--num_frames; 0 for image models).
+  int num_frames = 0;
+  // --flow_shift: the scheduler's flow shift (Wan); unset keeps the pipeline folder's.
+  std::optional<double> flow_shift;
+  // --guidance_scale_2: the guidance of Wan2.2's low-noise expert; unset: guidance_scale.
+  std::optional<double> guidance_scale_2;
+  // --input_images, decoded: uint8 [H, W, 3] each (image-to-video, image editing).
+  std::vector<at::Tensor> input_images;
   // --latents: the initial latents in the layout the family's diffusers pipeline takes as its
   // `latents` argument (FLUX: packed [B, N, 64]; SD3: [B, 16, h, w]); undefined: drawn from the
   // seeds.
@@ -63,7 +71,7 @@ struct StageTiming {
 };
 
 struct GenerationOutput {
-  at::Tensor images;   // uint8 [B, H, W, 3]
+  at::Tensor images;   // uint8 [B, H, W, 3]; video models: [B, F, H, W, 3]
   at::Tensor latents;  // the final latents before decoding (model layout), for checks
   // The initial latents the run started from, in GenerationRequest::latents' layout (so a run
   // can be repeated, here or in diffusers, on the same noise).
@@ -128,7 +136,7 @@ class XFuserModel {
   struct State {
     virtual ~State() = default;
     GenerationRequest request;
-    at::Tensor images;           // uint8 [B, H, W, 3], set by decode()
+    at::Tensor images;           // uint8 [B, H, W, 3] (video [B, F, H, W, 3]), set by decode()
     at::Tensor latents;          // final latents, set by decode()
     at::Tensor initial_latents;  // set by prepare_latents()
   };

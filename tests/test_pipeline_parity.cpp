@@ -1,6 +1,6 @@
 // Whole pipelines against diffusers, image for image: the tiny pipeline folders that
 // tests/fixtures/generate.py saved with diffusers (StableDiffusion3Pipeline with and without T5,
-// FluxPipeline) run from the folder alone (the model comes from model_index.json), from the same
+// FluxPipeline, WanPipeline) run from the folder alone (the model comes from model_index.json), from the same
 // initial latents as diffusers' run (GenerationRequest::latents, what `xfuser-run --latents`
 // feeds); the final latents equal diffusers' output_type="latent" result within 1e-4 relative
 // (fp32) and the decoded image diffusers' output_type="np" within 1/255.
@@ -54,6 +54,7 @@ void check_pipeline(const std::string& name) {
     r.guidance_scale = c["guidance_scale"];
     r.true_cfg_scale = c.value("true_cfg_scale", 1.0);
     r.max_sequence_length = c["max_sequence_length"];
+    r.num_frames = c.value("num_frames", 0);
     r.seeds.assign(r.prompts.size(), 0);  // unused: the latents are given
     r.latents = xfuser::models::SafetensorsFile((dir / "latents.safetensors").string())
                     .get("latents")
@@ -71,7 +72,8 @@ void check_pipeline(const std::string& name) {
     if (fs::exists(dir / "image.safetensors")) {
       const at::Tensor image =
           xfuser::models::SafetensorsFile((dir / "image.safetensors").string()).get("image");
-      const at::Tensor ref = (image * 255).round().to(at::kInt);  // [B, H, W, 3]
+      const at::Tensor ref = (image * 255).round().to(at::kInt);  // [B, (F,) H, W, 3]
+      ASSERT_EQ(out.images.sizes(), ref.sizes());
       const int diff = (out.images.to(at::kInt) - ref).abs().max().item<int>();
       EXPECT_LE(diff, 1) << "decoded image vs diffusers (levels of 255)";
     }
@@ -83,6 +85,9 @@ void check_pipeline(const std::string& name) {
 TEST(PipelineParity, StableDiffusion3) { check_pipeline("sd3-tiny"); }
 TEST(PipelineParity, StableDiffusion3WithoutT5) { check_pipeline("sd3-tiny-no-t5"); }
 TEST(PipelineParity, Flux) { check_pipeline("flux-tiny"); }
+// WanPipeline (Wan 2.1 T2V): UMT5 with prompt_clean, UniPC, the causal video VAE; frames
+// [B, F, H, W, 3].
+TEST(PipelineParity, WanTextToVideo) { check_pipeline("wan-t2v-tiny"); }
 
 TEST(PipelineParity, WrongLatentShapeNamesTheLayout) {
   const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / "sd3-tiny";

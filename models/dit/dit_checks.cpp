@@ -33,7 +33,14 @@ MemoryEstimate check_dit_run(const fs::path& dir, const RunLayout& run, const Di
   const auto model = describe_dit_transformer((dir / "transformer").string());
   const std::string config_path = (dir / "transformer" / "config.json").string();
   const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
-  const auto vae = vae::AutoencoderKLConfig::from_json(vae_folder.config, vae_folder.config_path);
+  // The VAE's widest level, pixels per latent pixel and tile size (the caller's for other VAEs).
+  int64_t vae_channels = t.vae_max_channels, vae_scale = t.vae_scale, vae_sample_size = 0;
+  if (vae_channels == 0) {
+    const auto vae = vae::AutoencoderKLConfig::from_json(vae_folder.config, vae_folder.config_path);
+    vae_channels = *std::max_element(vae.block_out_channels.begin(), vae.block_out_channels.end());
+    vae_scale = int64_t{1} << (vae.block_out_channels.size() - 1);
+    vae_sample_size = vae.sample_size;
+  }
 
   XF_CHECK(run.cfg == 1 || t.cfg, "--use_cfg_parallel needs ", t.cfg_parallel_needs);
   XF_CHECK(model->num_heads() % run.tensor == 0, "--tensor_parallel_degree ", run.tensor,
@@ -58,7 +65,7 @@ MemoryEstimate check_dit_run(const fs::path& dir, const RunLayout& run, const Di
   if (run.pipefusion > 1) {
     pipefusion_stage_layers(*model, run.pipefusion, run.pipefusion_layers, t.blocks_what);
     const int patches = run.num_pipeline_patch > 0 ? run.num_pipeline_patch : run.pipefusion;
-    pipefusion_patch_rows(run.height / multiple, patches);
+    pipefusion_patch_rows(t.latent_frames * (run.height / multiple), patches);
   }
 
   // Memory of one rank. Weights in the compute dtype; the transformer split over tp ranks or pp
@@ -72,20 +79,20 @@ MemoryEstimate check_dit_run(const fs::path& dir, const RunLayout& run, const Di
   // them, CFG without CFG parallel doubles the batch) times ~16 live [B, S, D]-sized tensors in a
   // block (residual, norms, q/k/v, attention output, the 4x MLP).
   const uint64_t batch = static_cast<uint64_t>(run.batch_size) * (t.cfg && run.cfg == 1 ? 2 : 1);
-  const uint64_t image_tokens =
-      static_cast<uint64_t>(run.height / multiple) * static_cast<uint64_t>(run.width / multiple);
+  const uint64_t image_tokens = static_cast<uint64_t>(t.latent_frames) *
+                                static_cast<uint64_t>(run.height / multiple) *
+                                static_cast<uint64_t>(run.width / multiple);
   const uint64_t tokens =
       (image_tokens + static_cast<uint64_t>(t.text_tokens)) / (run.ulysses * run.ring);
   const uint64_t dim = static_cast<uint64_t>(model->hidden_size());
   const uint64_t transformer_act = batch * tokens * dim * bytes * 16;
   // VAE decode: ~4 live feature maps of the widest decoder level at full resolution (a tile with
   // --enable_tiling).
-  const uint64_t c0 = static_cast<uint64_t>(
-      *std::max_element(vae.block_out_channels.begin(), vae.block_out_channels.end()));
+  const uint64_t c0 = static_cast<uint64_t>(vae_channels);
   uint64_t h = run.height, w = run.width;
-  if (run.enable_tiling) {
-    h = std::min<uint64_t>(h, vae.sample_size);
-    w = std::min<uint64_t>(w, vae.sample_size);
+  if (run.enable_tiling && vae_sample_size > 0) {
+    h = std::min<uint64_t>(h, static_cast<uint64_t>(vae_sample_size));
+    w = std::min<uint64_t>(w, static_cast<uint64_t>(vae_sample_size));
   }
   const uint64_t vae_act = static_cast<uint64_t>(run.batch_size) * c0 * h * w * bytes * 4;
   m.activations = std::max(transformer_act, vae_act);
@@ -96,8 +103,8 @@ MemoryEstimate check_dit_run(const fs::path& dir, const RunLayout& run, const Di
         std::max<uint64_t>(16, (uint64_t{1} << 20) / (4 * std::max<uint64_t>(keys, 1)));
     return 3 * rows * keys * 4 * static_cast<uint64_t>(std::max(run.threads, 1));
   };
-  const uint64_t vae_scale = uint64_t{1} << (vae.block_out_channels.size() - 1);
-  const uint64_t vae_tokens = (h / vae_scale) * (w / vae_scale);
+  const uint64_t vae_tokens =
+      (h / static_cast<uint64_t>(vae_scale)) * (w / static_cast<uint64_t>(vae_scale));
   m.attention =
       std::max(scratch(image_tokens + static_cast<uint64_t>(t.text_tokens)), scratch(vae_tokens));
   return m;

@@ -24,6 +24,12 @@ struct DiTRunTraits {
   int max_sequence_length = 512;        // --max_sequence_length's upper bound
   std::vector<std::string> components;  // the folders whose weights count (besides transformer)
   std::string blocks_what;              // PipeFusion's block naming ("double + single")
+  // Video: latent frames of the run (the token grid is frames x rows x columns; PipeFusion patches
+  // split frames x rows). Images: 1.
+  int64_t latent_frames = 1;
+  // The VAE's widest level and pixels per latent pixel; 0: read from an AutoencoderKL config.
+  int64_t vae_max_channels = 0;
+  int64_t vae_scale = 0;
 };
 
 MemoryEstimate check_dit_run(const std::filesystem::path& pipeline_dir, const RunLayout& run,

@@ -1,14 +1,23 @@
-// The Wan family (Wan 2.1 / 2.2): WanTransformer3DModel for the component and DiT registries. No
-// pipeline yet, so no models.
+// The Wan family (Wan 2.1 / 2.2): Wan2.1-T2V and the embedded tiny-wan (WanPipeline),
+// WanTransformer3DModel and AutoencoderKLWan for the component and DiT registries, and the tiny
+// WanPipeline layout of `xfuser make-tiny`.
 #include "models/registry.h"
 #include "models/wan/register.h"
+#include "models/wan/tiny_wan.h"
+#include "models/wan/wan_pipeline.h"
 
 namespace xfuser::models::wan {
 
 void register_family() {
   Family family;
   family.name = "wan";
+  family.models = model_specs();
   family.register_components = register_wan_components;
+  family.tiny_archs = {
+      {"wan-t2v",
+       "Wan 2.1 text-to-video: UMT5 text encoder, WanTransformer3DModel (3D RoPE, cross-"
+       "attention), causal 3D AutoencoderKLWan, UniPC flow scheduler",
+       [](const std::filesystem::path& dir, uint64_t seed) { write_tiny_wan_t2v(dir, seed); }}};
   FamilyRegistry::add(std::move(family));
 }
 

@@ -1,0 +1,15 @@
+// The tiny Wan 2.1 text-to-video pipeline `xfuser make-tiny --arch wan-t2v` writes (and the
+// embedded tiny-wan model runs): a diffusers WanPipeline folder with seeded random weights in the
+// real layout (UMT5 with a relative-position bias per block, WanTransformer3DModel with 3D RoPE
+// and cross-attention, the causal AutoencoderKLWan with Wan 2.1's latents_mean / latents_std,
+// UniPC with flow prediction as Wan2.1-T2V ships it), small enough for tests.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+
+namespace xfuser::models::wan {
+
+void write_tiny_wan_t2v(const std::filesystem::path& dir, uint64_t seed);
+
+}  // namespace xfuser::models::wan

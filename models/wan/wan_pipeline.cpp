@@ -1,0 +1,343 @@
+#include "models/wan/wan_pipeline.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
+#include "models/common/component.h"
+#include "models/common/pipeline_cache.h"
+#include "models/dit/dit_checks.h"
+#include "models/schedulers/unipc_multistep.h"
+#include "models/tokenizers/tokenizer.h"
+#include "models/wan/tiny_wan.h"
+#include "models/wan/wan_prompt.h"
+#include "models/wan/wan_transformer.h"
+#include "models/wan/wan_vae.h"
+#include "models/weights/component_folder.h"
+#include "models/weights/hub_cache.h"
+
+namespace xfuser::models::wan {
+namespace fs = std::filesystem;
+
+struct WanModel::WanState : DiTState {
+  std::unique_ptr<schedulers::UniPCMultistepScheduler> scheduler;
+  at::Tensor prompt_embeds;           // [B, L, text_dim]
+  at::Tensor negative_prompt_embeds;  // defined with CFG
+  at::Tensor token_ids;               // [N, 3] (f, h, w) of the latent tokens
+  int64_t latent_f = 0, latent_h = 0, latent_w = 0;
+  bool do_cfg = false;
+};
+
+WanModel::WanModel(const ModelSpec& spec) : DiTPipeline(spec) {}
+WanModel::~WanModel() = default;
+
+namespace {
+
+bool listed(const nlohmann::json& index, const char* name) {
+  auto it = index.find(name);
+  return it != index.end() && it->is_array() && !it->empty() && !(*it)[0].is_null();
+}
+
+// The folder's UniPC config with --flow_shift applied; checked to be Wan's flow setup.
+schedulers::UniPCMultistepConfig scheduler_config(const fs::path& path,
+                                                  const std::optional<double>& flow_shift) {
+  auto config = schedulers::UniPCMultistepConfig::from_file(path);
+  XF_CHECK(config.prediction_type == schedulers::UniPCPrediction::kFlowPrediction &&
+               config.use_flow_sigmas,
+           path.string(),
+           ": Wan's UniPCMultistepScheduler must have prediction_type \"flow_prediction\" and "
+           "use_flow_sigmas true");
+  if (flow_shift) {
+    XF_CHECK(*flow_shift > 0, "--flow_shift must be > 0 (got ", *flow_shift, ")");
+    config.flow_shift = *flow_shift;
+  }
+  return config;
+}
+
+}  // namespace
+
+void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& options) {
+  register_builtin_components();
+  dtype_ = options.dtype;
+  const nlohmann::json index = read_model_index(dir);
+  const std::string index_path = (dir / "model_index.json").string();
+  for (const char* name : {"scheduler", "text_encoder", "tokenizer", "transformer", "vae"}) {
+    XF_CHECK(listed(index, name), index_path, " lists no '", name,
+             "' component; a WanPipeline needs scheduler, text_encoder, tokenizer, transformer "
+             "and vae");
+    XF_CHECK(fs::is_directory(dir / name), "Wan pipeline folder ", dir.string(), " has no ", name,
+             "/ folder (listed in model_index.json)");
+  }
+  XF_CHECK(!listed(index, "transformer_2"), index_path,
+           " lists a transformer_2 (Wan2.2's low-noise expert), which this release does not run "
+           "yet");
+  scheduler_config_ = dir / "scheduler" / "scheduler_config.json";
+  scheduler_config(scheduler_config_, std::nullopt);  // fail before any compute
+  XF_CHECK(!options.enable_tiling, "--enable_tiling is not supported by the Wan VAE yet");
+  XF_CHECK(!options.parallel_vae,
+           "--use_parallel_vae is not supported by the Wan VAE yet (the 3D causal decoder runs "
+           "whole on every rank)");
+
+  tokenizer_ = tokenizers::load_tokenizer(dir / "tokenizer");
+  load_transformer(dir / "transformer", options, "WanTransformer3DModel");
+  wan_transformer_ = dynamic_cast<WanTransformer3DModel*>(transformer_.get());
+  XF_CHECK(wan_transformer_ != nullptr, (dir / "transformer").string(),
+           " did not load as a WanTransformer3DModel");
+  const auto& c = wan_transformer_->config();
+  XF_CHECK(!c.image_dim && !c.added_kv_proj_dim, (dir / "transformer").string(),
+           " is an image-to-video transformer (image_dim / added_kv_proj_dim set); "
+           "WanPipeline is text-to-video");
+  text_encoder_ = load_component((dir / "text_encoder").string(), dtype_);
+  XF_CHECK(text_encoder_->class_name() == "UMT5EncoderModel" ||
+               text_encoder_->class_name() == "T5EncoderModel",
+           (dir / "text_encoder").string(), ": Wan's text encoder must be a UMT5EncoderModel, got ",
+           text_encoder_->class_name());
+  // The Wan model cards load the VAE in float32 whatever the transformer's dtype.
+  auto vae = load_component((dir / "vae").string(), at::kFloat);
+  wan_vae_ = std::dynamic_pointer_cast<AutoencoderKLWan>(vae);
+  XF_CHECK(wan_vae_ != nullptr, (dir / "vae").string(), " holds a ", vae->class_name(),
+           ", expected AutoencoderKLWan");
+  wan_vae_->enable_slicing(options.enable_slicing);
+  vae_scale_temporal_ = wan_vae_->temporal_scale();
+  vae_scale_spatial_ = wan_vae_->spatial_scale();
+  vae_scale_factor_ = static_cast<int>(vae_scale_spatial_);
+  XF_CHECK(wan_vae_->config().z_dim == c.in_channels, dir.string(), ": the VAE has z_dim ",
+           wan_vae_->config().z_dim, ", the transformer takes ", c.in_channels, " channels");
+}
+
+std::unique_ptr<XFuserModel::State> WanModel::begin(const GenerationRequest& request) {
+  const auto& c = wan_transformer_->config();
+  const int64_t multiple = vae_scale_spatial_ * c.patch_size[1];
+  XF_CHECK(request.height > 0 && request.height % multiple == 0, "--height ", request.height,
+           " must be a positive multiple of ", multiple, " for ", spec().id);
+  XF_CHECK(request.width > 0 && request.width % multiple == 0, "--width ", request.width,
+           " must be a positive multiple of ", multiple, " for ", spec().id);
+  const int64_t t = vae_scale_temporal_;
+  XF_CHECK(request.num_frames >= 1 && (request.num_frames - 1) % t == 0, "--num_frames ",
+           request.num_frames, " is not ", t, "k + 1 frames, which ", spec().id,
+           "'s VAE needs (e.g. ", (std::max(request.num_frames, 1) - 1) / t * t + 1, " or ",
+           ((std::max(request.num_frames, 1) - 1) / t + 1) * t + 1, ")");
+  const int64_t latent_f = (request.num_frames - 1) / t + 1;
+  const int64_t gf = latent_f / c.patch_size[0];
+  const int64_t gh = request.height / multiple, gw = request.width / multiple;
+  XF_CHECK(latent_f % c.patch_size[0] == 0, "--num_frames ", request.num_frames, " gives ",
+           latent_f, " latent frames, not a multiple of the temporal patch ", c.patch_size[0]);
+  XF_CHECK(gf <= c.rope_max_seq_len && gh <= c.rope_max_seq_len && gw <= c.rope_max_seq_len,
+           "--num_frames ", request.num_frames, ", --height ", request.height, " and --width ",
+           request.width, " make a ", gf, " x ", gh, " x ", gw,
+           " token grid; every side must be at most rope_max_seq_len ", c.rope_max_seq_len);
+  XF_CHECK(request.num_inference_steps >= 1, "--num_inference_steps must be >= 1 (got ",
+           request.num_inference_steps, ")");
+  XF_CHECK(request.max_sequence_length >= 1 && request.max_sequence_length <= 512,
+           "--max_sequence_length must be in [1, 512] for ", spec().id, " (got ",
+           request.max_sequence_length, ")");
+  XF_CHECK(!request.guidance_scale_2,
+           "--guidance_scale_2 is for Wan2.2's two experts; this pipeline has one transformer");
+  XF_CHECK(request.input_images.empty(), spec().id,
+           " is text-to-video: it takes no --input_images");
+  auto state = std::make_unique<WanState>();
+  state->request = request;
+  state->latent_f = latent_f;
+  state->latent_h = request.height / vae_scale_spatial_;
+  state->latent_w = request.width / vae_scale_spatial_;
+  // WanPipeline.do_classifier_free_guidance: guidance_scale > 1.
+  state->do_cfg = request.guidance_scale > 1.0;
+  check_layout(request, state->do_cfg, gf * gh);
+  state->scheduler = std::make_unique<schedulers::UniPCMultistepScheduler>(
+      scheduler_config(scheduler_config_, request.flow_shift));
+  return state;
+}
+
+at::Tensor WanModel::embed_prompts(const std::vector<std::string>& prompts,
+                                   int max_sequence_length) const {
+  std::vector<std::string> cleaned;
+  cleaned.reserve(prompts.size());
+  for (const auto& p : prompts) cleaned.push_back(prompt_clean(p));
+  const auto encodings = tokenizer_->encode(cleaned, max_sequence_length);
+  const at::Tensor ids = ids_tensor(encodings);
+  const int64_t b = ids.size(0), s = ids.size(1);
+  at::Tensor mask = at::empty({b, s}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
+  for (int64_t i = 0; i < b; ++i) {
+    std::copy(encodings[i].attention_mask.begin(), encodings[i].attention_mask.end(),
+              mask[i].data_ptr<int64_t>());
+  }
+  mask = mask.to(ids.device());
+  at::Tensor hidden = text_encoder_->call("forward", {{"input_ids", ids}, {"attention_mask", mask}})
+                          .at("last_hidden_state");  // [B, S, D]
+  // u[:seq_len] then zeros up to max_sequence_length: positions at or past each prompt's length
+  // (the mask's count) are zero, whatever the encoder computed there.
+  const at::Tensor lengths = mask.gt(0).sum(1);  // [B]
+  const at::Tensor positions = at::arange(s, lengths.options());
+  const at::Tensor keep = positions.unsqueeze(0).lt(lengths.unsqueeze(1));  // [B, S]
+  hidden = hidden * keep.unsqueeze(-1).to(hidden.scalar_type());
+  return hidden.to(wan_transformer_->dtype());
+}
+
+void WanModel::encode_prompt(State& base) {
+  auto& s = static_cast<WanState&>(base);
+  const int msl = s.request.max_sequence_length;
+  s.prompt_embeds = embed_prompts(s.request.prompts, msl);
+  if (s.do_cfg) {
+    std::vector<std::string> negatives = s.request.negative_prompts;
+    if (negatives.empty()) negatives.assign(s.request.prompts.size(), "");
+    s.negative_prompt_embeds = embed_prompts(negatives, msl);
+  }
+}
+
+void WanModel::prepare_latents(State& base) {
+  auto& s = static_cast<WanState&>(base);
+  const auto& req = s.request;
+  const auto& c = wan_transformer_->config();
+  const int64_t b = static_cast<int64_t>(req.seeds.size());
+  // prepare_latents draws float32 latents and the loop keeps them in float32.
+  const auto options = s.prompt_embeds.options().dtype(at::kFloat);
+  s.initial_latents = initial_noise(req, {b, c.in_channels, s.latent_f, s.latent_h, s.latent_w},
+                                    options, "WanPipeline latents: [B, 16, (F-1)/4+1, H/8, W/8]");
+  s.tokens = WanTransformer3DModel::patchify(s.initial_latents, c.patch_size);
+  const auto& p = c.patch_size;
+  const int64_t gf = s.latent_f / p[0], gh = s.latent_h / p[1], gw = s.latent_w / p[2];
+  s.token_ids = WanTransformer3DModel::token_ids(gf, gh, gw, options);
+  s.scheduler->set_timesteps(req.num_inference_steps);
+  // PipeFusion's patches: rows of tokens over all frames (token order is (f, h, w)).
+  start_pipefusion(s, gf * gh, gw, req.num_inference_steps);
+}
+
+int WanModel::num_steps(const State& base) const {
+  return static_cast<int>(static_cast<const WanState&>(base).scheduler->num_inference_steps());
+}
+
+void WanModel::denoise_step(State& base, int index) {
+  auto& s = static_cast<WanState&>(base);
+  const int64_t b = s.tokens.size(0);
+  const int64_t t = s.scheduler->timesteps()[index].item<int64_t>();
+  dit::DiTInputs positive;
+  positive.token_ids = s.token_ids;
+  positive.text = s.prompt_embeds;
+  // t.expand(B); exact in float32 (t <= 1000).
+  positive.timestep = at::full({b}, static_cast<double>(t), s.tokens.options().dtype(at::kFloat));
+  dit::DiTInputs negative = positive;
+  if (s.do_cfg) negative.text = s.negative_prompt_embeds;
+  // The model's output tokens hold each patch as (pt, ph, pw, c), the latent tokens as
+  // (c, pt, ph, pw) (patchify): reorder the noise before the (element-wise) scheduler step.
+  const auto& p = wan_transformer_->config().patch_size;
+  const int64_t out_c = wan_transformer_->config().resolved_out_channels();
+  auto step = [&s, t, &p, out_c](const at::Tensor& noise, const at::Tensor& latents) {
+    const int64_t bb = noise.size(0), n = noise.size(1);
+    at::Tensor ordered = noise.reshape({bb, n, p[0], p[1], p[2], out_c})
+                             .permute({0, 1, 5, 2, 3, 4})
+                             .reshape({bb, n, out_c * p[0] * p[1] * p[2]});
+    return s.scheduler->step(ordered, t, latents).to(at::kFloat);
+  };
+  denoise(s, index, positive, s.do_cfg ? &negative : nullptr, s.request.guidance_scale,
+          /*batched_cfg=*/false, step);
+}
+
+at::Tensor WanModel::tokens_to_latents(const WanState& s) const {
+  const auto& c = wan_transformer_->config();
+  const auto& p = c.patch_size;
+  const int64_t b = s.tokens.size(0);
+  const int64_t gf = s.latent_f / p[0], gh = s.latent_h / p[1], gw = s.latent_w / p[2];
+  // The inverse of patchify: [B, gf, gh, gw, C, pt, ph, pw] -> [B, C, gf pt, gh ph, gw pw].
+  return s.tokens.reshape({b, gf, gh, gw, c.in_channels, p[0], p[1], p[2]})
+      .permute({0, 4, 1, 5, 2, 6, 3, 7})
+      .reshape({b, c.in_channels, s.latent_f, s.latent_h, s.latent_w});
+}
+
+void WanModel::decode(State& base) {
+  auto& s = static_cast<WanState&>(base);
+  const at::Tensor latents = tokens_to_latents(s);
+  s.latents = latents;
+  const auto& vc = wan_vae_->config();
+  const auto options = latents.options().dtype(wan_vae_->dtype());
+  const int64_t z = vc.z_dim;
+  // diffusers: torch.tensor(latents_mean) and 1.0 / torch.tensor(latents_std), both float32
+  // (computed on the host), then latents / latents_std + latents_mean.
+  const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+  const at::Tensor mean = at::tensor(vc.latents_mean, host).to(options).view({1, z, 1, 1, 1});
+  const at::Tensor inv_std =
+      (1.0 / at::tensor(vc.latents_std, host)).to(options).view({1, z, 1, 1, 1});
+  const at::Tensor video = wan_vae_->decode(latents.to(options) / inv_std + mean);  // [B,3,F,H,W]
+  at::Tensor x = (video.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
+  s.images = (x * 255).round().to(at::kByte).permute({0, 2, 3, 4, 1}).contiguous();
+}
+
+MemoryEstimate check_wan_run(const fs::path& dir, const RunLayout& run) {
+  const ComponentFolder transformer = open_component_folder((dir / "transformer").string());
+  const WanConfig config = WanConfig::from_json(transformer.config, transformer.config_path);
+  const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
+  const WanVAEConfig vae = WanVAEConfig::from_json(vae_folder.config, vae_folder.config_path);
+  int64_t temporal = 1;
+  for (bool down : vae.temperal_downsample) temporal *= down ? 2 : 1;
+  const int64_t spatial = int64_t{1} << vae.temperal_downsample.size();
+  XF_CHECK(run.num_frames >= 1 && (run.num_frames - 1) % temporal == 0, "--num_frames ",
+           run.num_frames, " is not ", temporal, "k + 1 frames, which the Wan VAE needs (",
+           vae_folder.config_path, ")");
+  dit::DiTRunTraits t;
+  t.family = "Wan";
+  t.pixels_per_token = spatial * config.patch_size[1];
+  t.text_tokens = 0;  // cross-attention: the text is not in the self-attention's sequence
+  t.cfg = run.guidance_scale > 1.0;
+  t.cfg_parallel_needs =
+      "classifier-free guidance, which Wan runs when --guidance_scale > 1 (got " +
+      std::to_string(run.guidance_scale) + ")";
+  t.max_grid = config.rope_max_seq_len;
+  t.components = {"text_encoder", "vae"};
+  t.latent_frames = ((run.num_frames - 1) / temporal + 1) / config.patch_size[0];
+  int64_t widest = 0;
+  for (int64_t m : vae.dim_mult) widest = std::max(widest, m * vae.base_dim);
+  t.vae_max_channels = widest;
+  t.vae_scale = spatial;
+  return dit::check_dit_run(dir, run, t);
+}
+
+std::vector<ModelSpec> model_specs() {
+  auto create = [](const ModelSpec& spec) -> std::unique_ptr<XFuserModel> {
+    return std::make_unique<WanModel>(spec);
+  };
+  ModelSpec t2v;
+  t2v.id = "Wan2.1-T2V";
+  t2v.aliases = {"Wan-AI/Wan2.1-T2V-14B-Diffusers", "Wan-AI/Wan2.1-T2V-14B-720P-Diffusers",
+                 "Wan2.1-T2V-14B"};
+  t2v.hf_repo = "Wan-AI/Wan2.1-T2V-14B-Diffusers";
+  t2v.task = Task::kTextToVideo;
+  // xDiT's runner: 720x1280, 81 frames, 40 steps, guidance 3.5, 16 fps, flow_shift 12.
+  t2v.defaults = {720, 1280, 40, 3.5, 512, 81, 16, 12.0};
+  t2v.options = {"--negative_prompt",
+                 "--guidance_scale",
+                 "--max_sequence_length",
+                 "--enable_slicing",
+                 "--num_frames",
+                 "--flow_shift",
+                 "--fps"};
+  t2v.parallelism.ulysses = true;
+  t2v.parallelism.ring = true;
+  t2v.parallelism.cfg_parallel = true;
+  t2v.parallelism.data_parallel = true;
+  t2v.parallelism.pipefusion = true;
+  t2v.parallelism.tensor_parallel = true;
+  t2v.maturity = "experimental";
+  t2v.description =
+      "Wan 2.1 text-to-video 14B: UMT5-XXL, 3D RoPE DiT with cross-attention, causal 3D VAE, "
+      "UniPC, true CFG; MP4 output";
+  t2v.create = create;
+  t2v.check_run = check_wan_run;
+  t2v.pipeline_classes = {"WanPipeline"};
+
+  ModelSpec tiny = t2v;
+  tiny.id = "tiny-wan";
+  tiny.aliases = {};
+  tiny.hf_repo = "";
+  tiny.defaults = {32, 48, 4, 5.0, 32, 9, 16, 0.0};
+  tiny.maturity = "embedded";
+  tiny.description =
+      "Built-in Wan 2.1 T2V architecture (UMT5, WanTransformer3DModel, AutoencoderKLWan) with "
+      "seeded random weights (`xfuser make-tiny --arch wan-t2v`); noise-like videos, for tests";
+  tiny.pipeline_classes = {};
+  tiny.embedded_dir = [] {
+    return ensure_cached_pipeline("tiny-wan-t2v-v1-seed0",
+                                  [](const fs::path& dir) { write_tiny_wan_t2v(dir, 0); });
+  };
+  return {t2v, tiny};
+}
+
+}  // namespace xfuser::models::wan
