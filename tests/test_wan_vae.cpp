@@ -1,7 +1,7 @@
-// AutoencoderKLWan against diffusers v0.33.1 (fixture wan_vae-tiny-s1: encode of a 9-frame
+// AutoencoderKLWan against diffusers v0.33.1 (fixtures wan_vae-tiny-s1: encode of a 9-frame
 // 32x32 video through the chunked causal cache, frame-by-frame decode of a [1, 4, 3, 4, 4]
-// latent) and its own invariants: parameter names, slicing, forward = decode(encode mode),
-// re-entrancy, config and input errors.
+// latent; wan_vae-tiny_tests-s1: diffusers' own test config, batch 2) and its own invariants:
+// parameter names, slicing, forward = decode(encode mode), re-entrancy, config and input errors.
 #include <algorithm>
 #include <iostream>
 
@@ -28,13 +28,19 @@ using xfuser::testing::expect_error_containing;
 using xfuser::testing::max_rel_error;
 using xfuser::testing::read_tensors;
 
-fs::path case_dir() {
-  return xfuser::testing::fixtures_dir() / "diffusers-v0.33.1" / "wan_vae-tiny-s1";
+// wan_vae-tiny-s1: base_dim 4, z_dim 4, dim_mult [1, 2, 2, 2], video [1, 3, 9, 32, 32];
+// wan_vae-tiny_tests-s1: diffusers' test config (base_dim 3, z_dim 16, dim_mult [1, 1, 1, 1]),
+// video [2, 3, 5, 16, 16].
+const std::vector<std::string> kCases = {"wan_vae-tiny-s1", "wan_vae-tiny_tests-s1"};
+
+fs::path case_dir(const std::string& name = "wan_vae-tiny-s1") {
+  return xfuser::testing::fixtures_dir() / "diffusers-v0.33.1" / name;
 }
 
-std::shared_ptr<AutoencoderKLWan> load_fixture(c10::ScalarType dtype) {
+std::shared_ptr<AutoencoderKLWan> load_fixture(c10::ScalarType dtype,
+                                               const std::string& name = "wan_vae-tiny-s1") {
   xfuser::models::register_builtin_components();
-  auto component = xfuser::models::load_component(case_dir().string(), dtype);
+  auto component = xfuser::models::load_component(case_dir(name).string(), dtype);
   auto vae = std::dynamic_pointer_cast<AutoencoderKLWan>(component);
   EXPECT_NE(vae, nullptr) << "load_component did not build an AutoencoderKLWan";
   return vae;
@@ -58,55 +64,66 @@ std::shared_ptr<AutoencoderKLWan> random_vae(uint64_t seed = 7) {
 // ---- fixture parity -------------------------------------------------------------------------
 
 TEST(AutoencoderKLWanFixture, EncodeFp32MatchesDiffusers) {
-  XF_REQUIRE_FIXTURE(case_dir());
-  auto vae = load_fixture(at::kFloat);
-  ASSERT_NE(vae, nullptr);
-  auto inputs = read_tensors(case_dir() / "inputs.safetensors");
-  auto ref = read_tensors(case_dir() / "output.safetensors");
-  TensorMap enc = vae->call("encode", {{"sample", inputs.at("sample")}});
-  auto [mean, logvar] = vae->encode(inputs.at("sample"));
-  const std::vector<std::pair<std::string, at::Tensor>> checks = {
-      {"latent_dist_mean", enc.at("latent_dist_mean")},
-      {"latent_dist_std", enc.at("latent_dist_std")},
-      {"latent_dist_logvar", logvar}};
-  for (const auto& [name, got] : checks) {
-    const at::Tensor& want = ref.at(name);
-    ASSERT_EQ(got.sizes(), want.sizes()) << name;
-    EXPECT_EQ(got.scalar_type(), at::kFloat) << name;
-    const double err = max_rel_error(got, want);
-    const double err64 = max_rel_error(got, ref.at(name + "_f64"));
-    std::cout << "[wan_vae] fp32 encode " << name << ": max rel error vs diffusers fp32 " << err
-              << ", vs fp64 " << err64 << "\n";
-    EXPECT_LT(err, 1e-4) << name;
-    EXPECT_LT(err64, 1e-4) << name;
+  for (const auto& name : kCases) {
+    XF_REQUIRE_FIXTURE(case_dir(name));
+    auto vae = load_fixture(at::kFloat, name);
+    ASSERT_NE(vae, nullptr);
+    auto inputs = read_tensors(case_dir(name) / "inputs.safetensors");
+    auto ref = read_tensors(case_dir(name) / "output.safetensors");
+    TensorMap enc = vae->call("encode", {{"sample", inputs.at("sample")}});
+    auto [mean, logvar] = vae->encode(inputs.at("sample"));
+    const std::vector<std::pair<std::string, at::Tensor>> checks = {
+        {"latent_dist_mean", enc.at("latent_dist_mean")},
+        {"latent_dist_std", enc.at("latent_dist_std")},
+        {"latent_dist_logvar", logvar}};
+    for (const auto& [what, got] : checks) {
+      const at::Tensor& want = ref.at(what);
+      ASSERT_EQ(got.sizes(), want.sizes()) << name << " " << what;
+      EXPECT_EQ(got.scalar_type(), at::kFloat) << name << " " << what;
+      const double err = max_rel_error(got, want);
+      const double err64 = max_rel_error(got, ref.at(what + "_f64"));
+      std::cout << "[wan_vae] " << name << " fp32 encode " << what
+                << ": max rel error vs diffusers fp32 " << err << ", vs fp64 " << err64 << "\n";
+      EXPECT_LT(err, 1e-4) << name << " " << what;
+      EXPECT_LT(err64, 1e-4) << name << " " << what;
+    }
+    EXPECT_TRUE(at::equal(enc.at("sample"), enc.at("latent_dist_mean")));  // the mode
+    EXPECT_TRUE(at::equal(mean, enc.at("latent_dist_mean")));
+    const at::Tensor& x = inputs.at("sample");
+    EXPECT_EQ(mean.sizes(),
+              (std::vector<int64_t>{x.size(0), vae->config().z_dim, 1 + (x.size(2) - 1) / 4,
+                                    x.size(3) / 8, x.size(4) / 8}));
   }
-  EXPECT_TRUE(at::equal(enc.at("sample"), enc.at("latent_dist_mean")));  // the mode
-  EXPECT_TRUE(at::equal(mean, enc.at("latent_dist_mean")));
-  EXPECT_EQ(mean.sizes(), (std::vector<int64_t>{1, 4, 3, 4, 4}));
 }
 
 TEST(AutoencoderKLWanFixture, DecodeFp32MatchesDiffusers) {
-  XF_REQUIRE_FIXTURE(case_dir());
-  auto vae = load_fixture(at::kFloat);
-  ASSERT_NE(vae, nullptr);
-  auto inputs = read_tensors(case_dir() / "inputs.safetensors");
-  auto ref = read_tensors(case_dir() / "output.safetensors");
-  at::Tensor out = vae->call("decode", {{"z", inputs.at("z")}}).at("sample");
-  const at::Tensor& want = ref.at("decode_sample");
-  ASSERT_EQ(out.sizes(), want.sizes());
-  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{1, 3, 9, 32, 32}));
-  EXPECT_EQ(out.scalar_type(), at::kFloat);
-  const double err = max_rel_error(out, want);
-  const double err64 = max_rel_error(out, ref.at("decode_sample_f64"));
-  std::cout << "[wan_vae] fp32 decode: max rel error vs diffusers fp32 " << err << ", vs fp64 "
-            << err64 << "\n";
-  EXPECT_LT(err, 1e-4);
-  EXPECT_LT(err64, 1e-4);
-  // The reference is not saturated (else the clamp would hide errors): most values are inside.
-  EXPECT_LT((want.abs() >= 1.0).to(at::kDouble).mean().item<double>(), 0.01);
-  EXPECT_LE(out.abs().max().item<double>(), 1.0);
-  // The direct API gives the same tensor.
-  EXPECT_TRUE(at::equal(vae->decode(inputs.at("z")), out));
+  for (const auto& name : kCases) {
+    XF_REQUIRE_FIXTURE(case_dir(name));
+    auto vae = load_fixture(at::kFloat, name);
+    ASSERT_NE(vae, nullptr);
+    auto inputs = read_tensors(case_dir(name) / "inputs.safetensors");
+    auto ref = read_tensors(case_dir(name) / "output.safetensors");
+    const at::Tensor& z = inputs.at("z");
+    at::Tensor out = vae->call("decode", {{"z", z}}).at("sample");
+    const at::Tensor& want = ref.at("decode_sample");
+    ASSERT_EQ(out.sizes(), want.sizes()) << name;
+    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{z.size(0), 3, 1 + 4 * (z.size(2) - 1),
+                                                 8 * z.size(3), 8 * z.size(4)}));
+    EXPECT_EQ(out.scalar_type(), at::kFloat);
+    const double err = max_rel_error(out, want);
+    const double err64 = max_rel_error(out, ref.at("decode_sample_f64"));
+    std::cout << "[wan_vae] " << name << " fp32 decode: max rel error vs diffusers fp32 " << err
+              << ", vs fp64 " << err64 << "\n";
+    EXPECT_LT(err, 1e-4) << name;
+    EXPECT_LT(err64, 1e-4) << name;
+    // The reference is not saturated (else the clamp would hide errors).
+    EXPECT_LT((want.abs() >= 1.0).to(at::kDouble).mean().item<double>(), 0.01) << name;
+    EXPECT_LE(out.abs().max().item<double>(), 1.0);
+    // The direct API gives the same tensor; slicing the batch changes nothing.
+    EXPECT_TRUE(at::equal(vae->decode(z), out)) << name;
+    vae->enable_slicing();
+    EXPECT_LT(max_rel_error(vae->decode(z), want), 1e-4) << name;
+  }
 }
 
 // bf16 keeps 8 significant bits: weights, activations and every conv output are rounded to it
@@ -145,6 +162,17 @@ TEST(AutoencoderKLWanFixture, ParameterNamesAreDiffusers) {
   EXPECT_EQ(ours, weights.names());
   const auto c = xfuser::testing::read_json(case_dir() / "case.json");
   EXPECT_EQ(vae->num_parameters(), c.at("num_parameters").get<int64_t>());
+  auto tests_cfg = load_fixture(at::kFloat, "wan_vae-tiny_tests-s1");
+  ASSERT_NE(tests_cfg, nullptr);
+  std::vector<std::string> names;
+  for (const auto& [name, slot] : tests_cfg->named_parameters()) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(
+      names,
+      SafetensorsFile(
+          (case_dir("wan_vae-tiny_tests-s1") / "diffusion_pytorch_model.safetensors").string())
+          .names());
+  EXPECT_EQ(tests_cfg->config().latents_mean.size(), 16u);  // diffusers' defaults
   EXPECT_EQ(vae->temporal_scale(), 4);
   EXPECT_EQ(vae->spatial_scale(), 8);
   EXPECT_EQ(vae->config().latents_mean.size(), 4u);
