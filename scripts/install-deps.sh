@@ -12,7 +12,7 @@ PACKAGES=(
   # distributed
   openmpi-bin libopenmpi-dev
   # libraries the code uses
-  libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libpng-dev
+  libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libpng-dev libjpeg62-turbo-dev
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
   libsentencepiece-dev sentencepiece libicu-dev
   # tests and benchmarks
