@@ -167,6 +167,50 @@ TEST(UniPCFixture, ResetReplaysTheSameTrajectory) {
   EXPECT_LE(max_rel_error(second, tensors.at("wan_shift5/10/x/9")), 1e-5);
 }
 
+TEST(UniPC, NarrowedSchedulersStepTheirPartsAsTheWhole) {
+  // PipeFusion after its warm-up: the whole-image scheduler split into per-patch schedulers
+  // at step k; stepping each patch with its own scheduler equals slicing the whole step (the
+  // history, the corrector and the order warm-up carry over).
+  at::manual_seed(3);
+  const int64_t steps = 6;
+  std::vector<at::Tensor> outputs;
+  for (int64_t i = 0; i < steps; ++i) outputs.push_back(at::randn({2, 10, 4}));
+  const at::Tensor x0 = at::randn({2, 10, 4});
+  for (int64_t split = 0; split < steps; ++split) {
+    SCOPED_TRACE("split at step " + std::to_string(split));
+    UniPCMultistepScheduler whole(UniPCMultistepConfig::from_json(wan_config(5.0)));
+    whole.set_timesteps(steps);
+    UniPCMultistepScheduler main(UniPCMultistepConfig::from_json(wan_config(5.0)));
+    main.set_timesteps(steps);
+    at::Tensor x = x0, y = x0;
+    std::vector<UniPCMultistepScheduler> parts;
+    const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 3}, {3, 4}, {7, 3}};
+    for (int64_t i = 0; i < steps; ++i) {
+      const int64_t t = whole.timesteps()[i].item<int64_t>();
+      x = whole.step(outputs[i], t, x);
+      if (i < split) {
+        y = main.step(outputs[i], t, y);
+        continue;
+      }
+      if (i == split) {
+        for (auto [start, length] : ranges) parts.push_back(main.narrowed(1, start, length));
+      }
+      std::vector<at::Tensor> pieces;
+      for (size_t r = 0; r < ranges.size(); ++r) {
+        const auto [start, length] = ranges[r];
+        pieces.push_back(parts[r].step(outputs[i].narrow(1, start, length), t,
+                                       y.narrow(1, start, length).clone()));
+      }
+      y = at::cat(pieces, 1);
+    }
+    EXPECT_TRUE(at::allclose(x, y, 0, 0)) << (x - y).abs().max().item<double>();
+  }
+  UniPCMultistepScheduler s(UniPCMultistepConfig::from_json(wan_config(5.0)));
+  s.set_timesteps(steps);
+  s.step(outputs[0], s.timesteps()[0].item<int64_t>(), x0);
+  expect_error_containing([&] { s.narrowed(1, 8, 4); }, {"narrowed", "[8, 12)", "outside"});
+}
+
 TEST(UniPC, WanFlowScheduleByFormula) {
   // sigma_j = s*v / (1 + (s-1) v), v = 1 - linspace(1, 1/1000, n+1)[n-j]; timestep int(sigma*1000).
   UniPCMultistepScheduler scheduler(UniPCMultistepConfig::from_json(wan_config(3.0)));

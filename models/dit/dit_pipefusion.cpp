@@ -391,7 +391,10 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
     at::Tensor out = model_.finalize(st).contiguous();         // [B', c, C]
     if (sp > 1) out = pt.shard->gather(out, 1, groups_.sp());  // [B', n, C]
     auto rows = latents.narrow(1, pt.begin, pt.tokens);
-    rows.copy_(step_fn(combine(out), rows));
+    // The step gets a copy: rows is overwritten below, and a multistep scheduler keeps its
+    // sample (UniPC's last_sample) for the next step's corrector.
+    rows.copy_(
+        step_fn(combine(out), rows.clone(), {pt.begin, pt.begin + pt.tokens, rows_ * cols_}));
     if (index + 1 < num_steps_) {
       Pending s;
       s.buffer = rows.contiguous();

@@ -88,8 +88,16 @@ class PipeFusion {
   // Model output of one patch [B', n, C] (B' = the model batch) -> noise prediction [B, n, C]
   // for the latents (true CFG combination, over the cfg group with CFG parallel).
   using CombineFn = std::function<at::Tensor(const at::Tensor& model_output)>;
-  // (noise prediction [B, n, C], latents [B, n, C]) -> the next latents of the patch.
-  using StepFn = std::function<at::Tensor(const at::Tensor& noise, const at::Tensor& latents)>;
+  // The tokens a scheduler step covers: [begin, end) of the image's `total` tokens (a PipeFusion
+  // patch, or the whole image).
+  struct TokenRange {
+    int64_t begin = 0, end = 0, total = 0;
+    bool whole() const { return begin == 0 && end == total; }
+  };
+  // (noise prediction [B, n, C], latents [B, n, C], their tokens) -> the next latents of the
+  // patch. `latents` is the step's own copy: a scheduler may keep it (multistep history).
+  using StepFn = std::function<at::Tensor(const at::Tensor& noise, const at::Tensor& latents,
+                                          const TokenRange& range)>;
 
   // `model` holds this rank's stage (pipefusion_stage_part); the image is token_rows x
   // token_cols tokens (row-major). patches: 1 <= patches <= token_rows; warmup_steps >= 1 when
@@ -135,5 +143,7 @@ class PipeFusion {
   std::deque<Pending> latents_in_;    // stage 0: latent patches of the previous step
   std::vector<Pending> sends_;        // pending isends of this step
 };
+
+using TokenRange = PipeFusion::TokenRange;
 
 }  // namespace xfuser::models::dit

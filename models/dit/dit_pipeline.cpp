@@ -130,7 +130,7 @@ void DiTPipeline::denoise(DiTState& s, int index, DiTInputs positive, const DiTI
   } else {
     noise = dit_forward(*transformer_, positive, groups.get());
   }
-  s.tokens = step(noise, s.tokens);
+  s.tokens = step(noise, s.tokens, {0, s.tokens.size(1), s.tokens.size(1)});
   check_finite(s, index);
 }
 

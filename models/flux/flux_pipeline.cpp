@@ -208,7 +208,8 @@ void FluxModel::denoise_step(State& base, int index) {
     negative.pooled = s.negative_pooled_prompt_embeds;
   }
   const auto latents_dtype = s.tokens.scalar_type();
-  auto step = [&s, index, latents_dtype](const at::Tensor& noise, const at::Tensor& latents) {
+  auto step = [&s, index, latents_dtype](const at::Tensor& noise, const at::Tensor& latents,
+                                         const dit::TokenRange&) {
     return s.scheduler->step(noise, index, latents).to(latents_dtype);
   };
   // True CFG runs the two branches one after the other, as FluxPipeline does.

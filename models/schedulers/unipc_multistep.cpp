@@ -462,4 +462,20 @@ at::Tensor UniPCMultistepScheduler::step(const at::Tensor& model_output, int64_t
   return prev;
 }
 
+UniPCMultistepScheduler UniPCMultistepScheduler::narrowed(int64_t dim, int64_t start,
+                                                          int64_t length) const {
+  UniPCMultistepScheduler part = *this;
+  auto cut = [&](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    XF_CHECK(
+        dim >= 0 && dim < t.dim() && start >= 0 && length >= 1 && start + length <= t.size(dim),
+        kClassName, ".narrowed: elements [", start, ", ", start + length, ") of dim ", dim,
+        " are outside the history's ", t.sizes());
+    return t.narrow(dim, start, length).clone();
+  };
+  for (auto& t : part.model_outputs_) t = cut(t);
+  part.last_sample_ = cut(last_sample_);
+  return part;
+}
+
 }  // namespace xfuser::models::schedulers

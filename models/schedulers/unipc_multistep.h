@@ -82,6 +82,12 @@ class UniPCMultistepScheduler {
   // Returns the next sample in sample's dtype.
   at::Tensor step(const at::Tensor& model_output, int64_t timestep, const at::Tensor& sample);
 
+  // A copy of this scheduler (schedule, step index, order warm-up) whose multistep history holds
+  // only elements [start, start + length) along `dim` of the samples: from then on it steps that
+  // part of the sample exactly as this scheduler would step the whole (every UniPC update is
+  // element-wise), e.g. one PipeFusion patch of the tokens.
+  UniPCMultistepScheduler narrowed(int64_t dim, int64_t start, int64_t length) const;
+
  private:
   at::Tensor convert_model_output(const at::Tensor& model_output, const at::Tensor& sample) const;
   at::Tensor uni_p_update(const at::Tensor& sample, int64_t order) const;

@@ -209,8 +209,8 @@ void SD3Model::denoise_step(State& base, int index) {
   const int64_t p = sd3_transformer_->config().patch_size;
   const int64_t out_c = sd3_transformer_->config().resolved_out_channels();
   const auto latents_dtype = s.tokens.scalar_type();
-  auto step = [&s, index, p, out_c, latents_dtype](const at::Tensor& noise,
-                                                   const at::Tensor& latents) {
+  auto step = [&s, index, p, out_c, latents_dtype](
+                  const at::Tensor& noise, const at::Tensor& latents, const dit::TokenRange&) {
     const int64_t bb = noise.size(0), n = noise.size(1);
     at::Tensor ordered = noise.reshape({bb, n, p, p, out_c})
                              .permute({0, 1, 4, 2, 3})

@@ -1,5 +1,7 @@
 #include "models/wan/wan_pipeline.h"
 
+#include <map>
+
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -21,6 +23,9 @@ namespace fs = std::filesystem;
 
 struct WanModel::WanState : DiTState {
   std::unique_ptr<schedulers::UniPCMultistepScheduler> scheduler;
+  // PipeFusion after its warm-up: one scheduler per patch (by first token), split from the
+  // whole-image scheduler at the first patched step (UniPC keeps a history per element).
+  std::map<int64_t, std::unique_ptr<schedulers::UniPCMultistepScheduler>> patch_schedulers;
   at::Tensor prompt_embeds;           // [B, L, text_dim]
   at::Tensor negative_prompt_embeds;  // defined with CFG
   at::Tensor token_ids;               // [N, 3] (f, h, w) of the latent tokens
@@ -221,12 +226,22 @@ void WanModel::denoise_step(State& base, int index) {
   // (c, pt, ph, pw) (patchify): reorder the noise before the (element-wise) scheduler step.
   const auto& p = wan_transformer_->config().patch_size;
   const int64_t out_c = wan_transformer_->config().resolved_out_channels();
-  auto step = [&s, t, &p, out_c](const at::Tensor& noise, const at::Tensor& latents) {
+  auto step = [&s, t, &p, out_c](const at::Tensor& noise, const at::Tensor& latents,
+                                 const dit::TokenRange& range) {
     const int64_t bb = noise.size(0), n = noise.size(1);
     at::Tensor ordered = noise.reshape({bb, n, p[0], p[1], p[2], out_c})
                              .permute({0, 1, 5, 2, 3, 4})
                              .reshape({bb, n, out_c * p[0] * p[1] * p[2]});
-    return s.scheduler->step(ordered, t, latents).to(at::kFloat);
+    schedulers::UniPCMultistepScheduler* scheduler = s.scheduler.get();
+    if (!range.whole()) {
+      auto& part = s.patch_schedulers[range.begin];
+      if (!part) {
+        part = std::make_unique<schedulers::UniPCMultistepScheduler>(
+            s.scheduler->narrowed(1, range.begin, range.end - range.begin));
+      }
+      scheduler = part.get();
+    }
+    return scheduler->step(ordered, t, latents).to(at::kFloat);
   };
   denoise(s, index, positive, s.do_cfg ? &negative : nullptr, s.request.guidance_scale,
           /*batched_cfg=*/false, step);
