@@ -18,8 +18,6 @@ const std::set<std::string>& not_yet_supported() {
                                               "--enable_model_cpu_offload",
                                               "--enable_sequential_cpu_offload",
                                               "--attention_backend",
-                                              "--input_images",
-                                              "--num_frames",
                                               "--task"};
   return flags;
 }
@@ -81,6 +79,18 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_option("--height", c.height, "Output height (model default)")->group(kIn);
   app.add_option("--width", c.width, "Output width (model default)")->group(kIn);
   app.add_option("--num_frames", c.num_frames, "Number of frames for video models")->group(kIn);
+  app.add_option("--fps", c.fps, "Frame rate of the output video (model default)")->group(kIn);
+  app.add_option("--flow_shift", c.flow_shift,
+                 "Flow-matching timestep shift (model default, else the scheduler folder's)")
+      ->group(kIn);
+  app.add_option("--guidance_scale_2", c.guidance_scale_2,
+                 "Guidance scale of the low-noise expert (Wan2.2; default: --guidance_scale)")
+      ->group(kIn);
+  app.add_option("--output_type", c.output_type,
+                 "Video models: 'video' writes an MP4, 'frames' the MP4 and a PNG per frame")
+      ->check(CLI::IsMember({"video", "frames"}))
+      ->group(kIn)
+      ->capture_default_str();
   app.add_option("--num_inference_steps", c.num_inference_steps, "Denoising steps")->group(kIn);
   app.add_option("--guidance_scale", c.guidance_scale, "Guidance scale (model default)")
       ->group(kIn);
@@ -262,7 +272,20 @@ void validate_values(const RunConfig& c) {
              *value, ")");
     at_most(flag, *value, Limits::kMaxSide);
   }
+  if (c.num_frames) {
+    positive("--num_frames", *c.num_frames);
+    at_most("--num_frames", *c.num_frames, Limits::kMaxFrames);
+  }
+  if (c.fps) {
+    positive("--fps", *c.fps);
+    at_most("--fps", *c.fps, Limits::kMaxFps);
+  }
+  if (c.flow_shift) {
+    XF_CHECK(std::isfinite(*c.flow_shift) && *c.flow_shift > 0 && *c.flow_shift <= 1000,
+             "--flow_shift must be a number in (0, 1000] (got ", *c.flow_shift, ")");
+  }
   for (auto [flag, value] : {std::pair{"--guidance_scale", c.guidance_scale},
+                             std::pair{"--guidance_scale_2", c.guidance_scale_2},
                              std::pair{"--true_cfg_scale", c.true_cfg_scale}}) {
     if (!value) continue;
     XF_CHECK(std::isfinite(*value), flag, " must be a finite number (got ", *value, ")");

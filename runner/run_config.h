@@ -41,6 +41,11 @@ struct RunConfig {
   std::optional<int> height;
   std::optional<int> width;
   std::optional<int> num_frames;
+  std::optional<int> fps;                  // video models: the MP4's frame rate (model default)
+  std::optional<double> flow_shift;        // flow-matching shift (model default, else the folder's)
+  std::optional<double> guidance_scale_2;  // Wan2.2's low-noise expert guidance
+  // "video" (MP4) or "frames" (MP4 and one PNG per frame) for video models.
+  std::string output_type = "video";
   std::optional<int> num_inference_steps;
   std::optional<double> guidance_scale;
   std::optional<double> true_cfg_scale;
@@ -96,6 +101,8 @@ std::vector<std::string> unsupported_flags_used(const CLI::App& app);
 struct Limits {
   static constexpr int kMaxSteps = 10000;
   static constexpr int kMaxSide = 16384;  // --height / --width
+  static constexpr int kMaxFrames = 4096;
+  static constexpr int kMaxFps = 1000;
   static constexpr double kMaxGuidance = 1000.0;
   static constexpr int kMaxSequenceLength = 65536;
   static constexpr int kMaxBatchSize = 4096;

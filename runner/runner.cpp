@@ -30,8 +30,10 @@
 #include "profiling/trace.h"
 #include "runner/dataset.h"
 #include "runner/fault_handler.h"
+#include "runner/image_input.h"
 #include "runner/outputs.h"
 #include "runner/progress.h"
+#include "runner/video.h"
 
 namespace xfuser::runner {
 namespace fs = std::filesystem;
@@ -71,6 +73,46 @@ std::string format_double(double v) {
   std::ostringstream os;
   os << std::setprecision(10) << v;
   return os.str();
+}
+
+// Video models write an MP4 per prompt (and with --output_type frames a PNG per frame).
+bool is_video(const ResolvedArgs& args) { return args.spec->defaults.num_frames > 0; }
+
+// The PNG of frame `k` beside a video: <video stem>_frame{k:04}.png.
+fs::path frame_path(const fs::path& video, int64_t k) {
+  char suffix[32];
+  std::snprintf(suffix, sizeof(suffix), "_frame%04lld.png", static_cast<long long>(k));
+  return video.parent_path() / (video.stem().string() + suffix);
+}
+
+// The generation parameters a video records: one JSON object in the MP4's "comment" tag (MP4
+// keeps only its known tags), read back by --resume.
+std::map<std::string, std::string> video_metadata(const std::map<std::string, std::string>& text) {
+  nlohmann::json j(text);
+  return {{"comment", j.dump()}, {"title", text.count("prompt") ? text.at("prompt") : ""}};
+}
+
+// True when `path` is a complete video of the run's size and frame count; its parameters go to
+// *text. Never throws (a missing or partial file is simply incomplete).
+bool is_complete_video(const fs::path& path, int frames, int height, int width,
+                       std::map<std::string, std::string>* text) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
+  try {
+    const VideoInfo info = read_video_info(path);
+    if (info.frames != frames || info.height != height || info.width != width) return false;
+    auto it = info.metadata.find("comment");
+    if (it == info.metadata.end()) return false;
+    const auto j = nlohmann::json::parse(it->second);
+    if (!j.is_object()) return false;
+    text->clear();
+    for (const auto& [k, v] : j.items()) {
+      if (v.is_string()) (*text)[k] = v.get<std::string>();
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 // Temporary files a killed run left beside its outputs (".{name}.tmp{N}", see
@@ -117,6 +159,11 @@ std::map<std::string, std::string> generation_text(const ResolvedArgs& args,
     text["pipefusion"] = "patches=" + std::to_string(c.num_pipeline_patch) +
                          " warmup_steps=" + std::to_string(c.pipefusion_warmup_steps) +
                          " layers=" + (layers.empty() ? "balanced" : layers);
+  }
+  if (is_video(args)) {
+    text["num_frames"] = std::to_string(c.num_frames.value_or(0));
+    text["fps"] = std::to_string(c.fps.value_or(0));
+    if (c.flow_shift) text["flow_shift"] = format_double(*c.flow_shift);
   }
   if (negative) {
     text["negative_prompt"] = *negative;
@@ -191,6 +238,14 @@ ResolvedArgs Runner::preprocess_args() const {
   require(c.max_sequence_length.has_value(), "--max_sequence_length");
   require(c.enable_tiling, "--enable_tiling");
   require(c.enable_slicing, "--enable_slicing");
+  require(c.num_frames.has_value(), "--num_frames");
+  require(c.fps.has_value(), "--fps");
+  require(c.flow_shift.has_value(), "--flow_shift");
+  require(c.guidance_scale_2.has_value(), "--guidance_scale_2");
+  require(!c.input_images.empty(), "--input_images");
+  const bool video = spec.defaults.num_frames > 0;
+  XF_CHECK(video || c.output_type == "video" /* the default */, "--output_type ", c.output_type,
+           " is for video models; ", spec.id, " writes images");
   // Parallel strategies the model does not support are errors naming the flag and the model.
   const auto& par = spec.parallelism;
   auto require_par = [&](bool used, bool supported, const std::string& flag) {
@@ -227,6 +282,11 @@ ResolvedArgs Runner::preprocess_args() const {
   c.guidance_scale = c.guidance_scale.value_or(d.guidance_scale);
   c.true_cfg_scale = c.true_cfg_scale.value_or(1.0);
   c.max_sequence_length = c.max_sequence_length.value_or(d.max_sequence_length);
+  if (video) {
+    c.num_frames = c.num_frames.value_or(d.num_frames);
+    c.fps = c.fps.value_or(d.fps > 0 ? d.fps : 16);
+    if (!c.flow_shift && d.flow_shift > 0) c.flow_shift = d.flow_shift;
+  }
   if (c.dtype.empty()) c.dtype = dtype_name(default_cpu_dtype());
   args.dtype = parse_dtype(c.dtype);
   args.device = backends::select_device(c.device);
@@ -287,7 +347,10 @@ ResolvedArgs Runner::preprocess_args() const {
       for (size_t i = 0; i < prompts.size(); ++i) {
         const fs::path path = output_path(args, static_cast<int64_t>(i));
         std::map<std::string, std::string> text;
-        if (!is_complete_png(path, *c.height, *c.width, &text)) continue;
+        const bool complete = is_video(args) ? is_complete_video(path, c.num_frames.value_or(0),
+                                                                 *c.height, *c.width, &text)
+                                             : is_complete_png(path, *c.height, *c.width, &text);
+        if (!complete) continue;
         // Done only when every parameter the image records equals this run's.
         const std::string diff =
             text_differences(text, generation_text(args, prompts[i], negatives[i], seeds[i]));
@@ -344,6 +407,10 @@ ResolvedArgs Runner::preprocess_args() const {
   r.guidance_scale = *c.guidance_scale;
   r.true_cfg_scale = *c.true_cfg_scale;
   r.max_sequence_length = *c.max_sequence_length;
+  r.num_frames = c.num_frames.value_or(0);
+  r.flow_shift = c.flow_shift;
+  r.guidance_scale_2 = c.guidance_scale_2;
+  for (const auto& file : c.input_images) r.input_images.push_back(read_image(file));
   r.num_pipeline_patch = c.num_pipeline_patch;
   r.pipefusion_warmup_steps = c.pipefusion_warmup_steps;
   return args;
@@ -379,6 +446,7 @@ models::RunLayout run_layout(const ResolvedArgs& args) {
   l.height = c.height.value_or(0);
   l.width = c.width.value_or(0);
   l.max_sequence_length = c.max_sequence_length.value_or(0);
+  l.num_frames = c.num_frames.value_or(0);
   l.batch_size = args.batch_size > 0
                      ? args.batch_size
                      : std::max<int>(1, static_cast<int>(args.request.prompts.size()));
@@ -435,7 +503,8 @@ fs::path output_path(const ResolvedArgs& args, int64_t index) {
   const RunConfig& c = args.config;
   return fs::path(c.output_directory) /
          output_file_name(args.spec->id, c.ulysses_degree, c.ring_degree, c.use_torch_compile,
-                          c.height.value_or(0), c.width.value_or(0), index, "png",
+                          c.height.value_or(0), c.width.value_or(0), index,
+                          is_video(args) ? "mp4" : "png",
                           {c.tensor_parallel_degree, c.pipefusion_parallel_degree,
                            c.use_cfg_parallel ? 2 : 1, c.data_parallel_degree});
 }
@@ -495,6 +564,14 @@ uint64_t Runner::estimated_output_bytes(const ResolvedArgs& args) const {
                        (static_cast<uint64_t>(args.request.width) * 3 + 1);
   const uint64_t per_image = raw + raw / 8192 + 16384;
   const uint64_t images = writes_images() ? args.request.prompts.size() : 0;
+  if (is_video(args)) {
+    // An H.264 video at high quality stays well under a quarter of its raw frames; with
+    // --output_type frames every frame's PNG as well.
+    const uint64_t frames = static_cast<uint64_t>(std::max(args.request.num_frames, 1));
+    const uint64_t per_video =
+        frames * (raw / 4 + (args.config.output_type == "frames" ? per_image : 0));
+    return images * per_video + (1u << 20);
+  }
   return images * per_image + (1u << 20);
 }
 
@@ -560,8 +637,20 @@ fs::path Runner::write_image(const ResolvedArgs& args, size_t i, const at::Tenso
     negative = args.request.negative_prompts[i];
   }
   const fs::path path = output_path(args, args.prompt_indices[i]);
-  write_png(path, image,
-            generation_text(args, args.request.prompts[i], negative, args.request.seeds[i]));
+  const auto text = generation_text(args, args.request.prompts[i], negative, args.request.seeds[i]);
+  if (image.dim() == 4) {  // a video [F, H, W, 3]
+    XF_CHECK(is_video(args), args.spec->id, " returned a video for an image model");
+    if (args.config.output_type == "frames") {
+      for (int64_t k = 0; k < image.size(0); ++k) {
+        auto frame_text = text;
+        frame_text["frame"] = std::to_string(k);
+        write_png(frame_path(path, k), image[k], frame_text);
+      }
+    }
+    write_mp4(path, image, args.config.fps.value_or(16), video_metadata(text));
+    return path;
+  }
+  write_png(path, image, text);
   return path;
 }
 

@@ -31,6 +31,15 @@ std::string join(const std::vector<std::string>& items, const std::string& sep) 
   return out;
 }
 
+// ", 81 frames at 16 fps, flow_shift 12" for video models ("" for image models).
+std::string video_defaults(const models::ModelSpec& s) {
+  if (s.defaults.num_frames <= 0) return "";
+  std::ostringstream os;
+  os << ", " << s.defaults.num_frames << " frames at " << s.defaults.fps << " fps";
+  if (s.defaults.flow_shift > 0) os << ", flow_shift " << s.defaults.flow_shift;
+  return os.str();
+}
+
 }  // namespace
 
 std::string models_doc() {
@@ -56,7 +65,8 @@ std::string models_doc() {
     os << "- weights: " << weights << "\n";
     os << "- defaults: " << s.defaults.width << "x" << s.defaults.height << ", "
        << s.defaults.num_inference_steps << " steps, guidance " << s.defaults.guidance_scale
-       << ", max_sequence_length " << s.defaults.max_sequence_length << "\n";
+       << ", max_sequence_length " << s.defaults.max_sequence_length << video_defaults(s)
+       << "\n";
     const auto par = parallelism_names(s.parallelism);
     os << "- parallelism: " << (par.empty() ? std::string("single rank") : join(par, ", ")) << "\n";
     std::vector<std::string> options(s.options.begin(), s.options.end());
@@ -82,7 +92,10 @@ std::string models_listing(const std::string& format) {
                        {"width", s.defaults.width},
                        {"num_inference_steps", s.defaults.num_inference_steps},
                        {"guidance_scale", s.defaults.guidance_scale},
-                       {"max_sequence_length", s.defaults.max_sequence_length}}},
+                       {"max_sequence_length", s.defaults.max_sequence_length},
+                       {"num_frames", s.defaults.num_frames},
+                       {"fps", s.defaults.fps},
+                       {"flow_shift", s.defaults.flow_shift}}},
                      {"parallelism", parallelism_names(s.parallelism)},
                      {"options", std::vector<std::string>(s.options.begin(), s.options.end())},
                      {"maturity", s.maturity},
@@ -99,7 +112,7 @@ std::string models_listing(const std::string& format) {
     std::ostringstream d;
     d << s.defaults.width << "x" << s.defaults.height << ", " << s.defaults.num_inference_steps
       << " steps, guidance " << s.defaults.guidance_scale << ", text "
-      << s.defaults.max_sequence_length;
+      << s.defaults.max_sequence_length << video_defaults(s);
     auto par = parallelism_names(s.parallelism);
     rows.push_back({s.id, join(s.aliases, ", "), models::to_string(s.task), d.str(),
                     par.empty() ? "single rank" : join(par, ", "), s.maturity});
