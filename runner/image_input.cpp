@@ -61,10 +61,62 @@ void jpeg_emit_message(j_common_ptr cinfo, int level) {
   }
 }
 
-// Decodes a JPEG held in memory to RGB into *pixels; false with *error set on failure. Only
-// trivially destructible locals live between setjmp and a longjmp.
+// The EXIF orientation (1-8, tag 0x0112 of IFD0) in an APP1 "Exif" payload; 1 when absent or
+// unreadable. Every read is bounds-checked: the payload is untrusted.
+int exif_orientation(const uint8_t* data, size_t size) {
+  if (size < 14 || std::memcmp(data, "Exif\0\0", 6) != 0) return 1;
+  const uint8_t* tiff = data + 6;
+  const size_t n = size - 6;
+  const bool little = tiff[0] == 'I' && tiff[1] == 'I';
+  if (!little && !(tiff[0] == 'M' && tiff[1] == 'M')) return 1;
+  auto u16 = [&](size_t at) -> uint32_t {
+    return little ? tiff[at] | (tiff[at + 1] << 8) : (tiff[at] << 8) | tiff[at + 1];
+  };
+  auto u32 = [&](size_t at) -> uint32_t {
+    return little ? u16(at) | (u16(at + 2) << 16) : (u16(at) << 16) | u16(at + 2);
+  };
+  if (u16(2) != 42) return 1;
+  const size_t ifd = u32(4);
+  if (ifd > n || n - ifd < 2) return 1;
+  const size_t entries = u16(ifd);
+  for (size_t i = 0; i < entries; ++i) {
+    const size_t entry = ifd + 2 + 12 * i;
+    if (entry > n || n - entry < 12) return 1;
+    if (u16(entry) == 0x0112) {
+      const uint32_t value = u16(entry + 2) == 3 ? u16(entry + 8) : 1;  // type SHORT
+      return value >= 1 && value <= 8 ? static_cast<int>(value) : 1;
+    }
+  }
+  return 1;
+}
+
+// What PIL's ImageOps.exif_transpose does for orientation 2-8 (diffusers' load_image applies it
+// before convert("RGB")): the image as it is meant to be displayed.
+at::Tensor apply_orientation(const at::Tensor& image, int orientation) {
+  switch (orientation) {
+    case 2:  // mirrored horizontally
+      return image.flip({1});
+    case 3:  // rotated 180
+      return image.flip({0, 1});
+    case 4:  // mirrored vertically
+      return image.flip({0});
+    case 5:  // transposed
+      return image.permute({1, 0, 2});
+    case 6:  // rotate 90 clockwise to display
+      return image.flip({0}).permute({1, 0, 2});
+    case 7:  // transversed
+      return image.flip({0, 1}).permute({1, 0, 2});
+    case 8:  // rotate 90 counter-clockwise to display
+      return image.flip({1}).permute({1, 0, 2});
+    default:
+      return image;
+  }
+}
+
+// Decodes a JPEG held in memory to RGB into *pixels (and its EXIF orientation); false with
+// *error set on failure. Only trivially destructible locals live between setjmp and a longjmp.
 bool decode_jpeg(const std::string& bytes, std::vector<uint8_t>* pixels, int* height, int* width,
-                 std::string* error) {
+                 int* orientation, std::string* error) {
   jpeg_decompress_struct cinfo;
   JpegErrorManager err;
   cinfo.err = jpeg_std_error(&err.pub);
@@ -79,7 +131,16 @@ bool decode_jpeg(const std::string& bytes, std::vector<uint8_t>* pixels, int* he
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
                static_cast<unsigned long>(bytes.size()));
+  jpeg_save_markers(&cinfo, JPEG_APP0 + 1, 0xFFFF);
   jpeg_read_header(&cinfo, TRUE);
+  *orientation = 1;
+  for (jpeg_saved_marker_ptr m = cinfo.marker_list; m != nullptr; m = m->next) {
+    if (m->marker == JPEG_APP0 + 1 && m->data_length >= 6 &&
+        std::memcmp(m->data, "Exif\0\0", 6) == 0) {
+      *orientation = exif_orientation(m->data, m->data_length);
+      break;
+    }
+  }
   if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
     jpeg_destroy_decompress(&cinfo);
     *error = "CMYK JPEGs are not supported (convert the image to RGB)";
@@ -102,14 +163,14 @@ bool decode_jpeg(const std::string& bytes, std::vector<uint8_t>* pixels, int* he
 
 at::Tensor read_jpeg(const fs::path& path, const std::string& bytes) {
   std::vector<uint8_t> pixels;
-  int height = 0, width = 0;
+  int height = 0, width = 0, orientation = 1;
   std::string error;
-  XF_CHECK(decode_jpeg(bytes, &pixels, &height, &width, &error), "cannot decode JPEG image ",
-           path.string(), ": ", error);
+  XF_CHECK(decode_jpeg(bytes, &pixels, &height, &width, &orientation, &error),
+           "cannot decode JPEG image ", path.string(), ": ", error);
   at::Tensor image =
       at::empty({height, width, 3}, at::TensorOptions().dtype(at::kByte).device(at::kCPU));
   std::memcpy(image.data_ptr<uint8_t>(), pixels.data(), pixels.size());
-  return image;
+  return apply_orientation(image, orientation).contiguous();
 }
 
 at::Tensor read_png_rgb(const fs::path& path, const std::string& bytes) {

@@ -237,8 +237,10 @@ void write_png_raw(const fs::path& path, const at::Tensor& image, int color_type
   std::fclose(fp);
 }
 
-// Writes a JPEG with libjpeg: `image` [H, W, C] uint8 (C = 3 RGB, 1 gray, 4 CMYK).
-void write_jpeg(const fs::path& path, const at::Tensor& image, int quality) {
+// Writes a JPEG with libjpeg: `image` [H, W, C] uint8 (C = 3 RGB, 1 gray, 4 CMYK); `app1`, when
+// given, as an APP1 marker (EXIF).
+void write_jpeg(const fs::path& path, const at::Tensor& image, int quality,
+                const std::string& app1 = "") {
   FILE* fp = std::fopen(path.c_str(), "wb");
   ASSERT_NE(fp, nullptr);
   jpeg_compress_struct cinfo;
@@ -254,6 +256,10 @@ void write_jpeg(const fs::path& path, const at::Tensor& image, int quality) {
   jpeg_set_defaults(&cinfo);
   jpeg_set_quality(&cinfo, quality, TRUE);
   jpeg_start_compress(&cinfo, TRUE);
+  if (!app1.empty()) {
+    jpeg_write_marker(&cinfo, JPEG_APP0 + 1, reinterpret_cast<const JOCTET*>(app1.data()),
+                      static_cast<unsigned>(app1.size()));
+  }
   const at::Tensor img = image.contiguous();
   const size_t row = static_cast<size_t>(image.size(1)) * image.size(2);
   while (cinfo.next_scanline < cinfo.image_height) {
@@ -326,6 +332,87 @@ TEST(ImageInput, JpegRgbGrayAndCmyk) {
   write_jpeg(dir / "cmyk.jpg", random_image(8, 8, 4), 95);
   expect_error_containing([&] { read_image(dir / "cmyk.jpg"); },
                           {(dir / "cmyk.jpg").string(), "CMYK"});
+}
+
+// An APP1 EXIF payload whose IFD0 holds one entry, Orientation (0x0112, SHORT) = `orientation`.
+std::string exif_with_orientation(int orientation, bool big_endian) {
+  std::string tiff;
+  auto u16 = [&](int v) {
+    const char lo = static_cast<char>(v & 0xFF), hi = static_cast<char>((v >> 8) & 0xFF);
+    tiff += big_endian ? std::string{hi, lo} : std::string{lo, hi};
+  };
+  auto u32 = [&](uint32_t v) {
+    if (big_endian) {
+      u16(static_cast<int>(v >> 16));
+      u16(static_cast<int>(v & 0xFFFF));
+    } else {
+      u16(static_cast<int>(v & 0xFFFF));
+      u16(static_cast<int>(v >> 16));
+    }
+  };
+  tiff += big_endian ? "MM" : "II";
+  u16(42);
+  u32(8);  // IFD0 right after the header
+  u16(1);  // one entry
+  u16(0x0112);
+  u16(3);  // SHORT
+  u32(1);
+  u16(orientation);
+  u16(0);
+  u32(0);  // no next IFD
+  return std::string("Exif\0\0", 6) + tiff;
+}
+
+// EXIF orientation turns a JPEG upright as diffusers' load_image (PIL's exif_transpose) does.
+// Expectations from the EXIF definition of the tag (where the stored 0th row and 0th column are
+// displayed), independent of how the reader implements it: the stored image has a red block at
+// its first pixel and a green block at the end of its first row.
+TEST(ImageInput, JpegExifOrientationIsApplied) {
+  TempDir dir;
+  const int64_t h = 32, w = 48, b = 8;
+  at::Tensor stored = at::full({h, w, 3}, 128, at::kByte);
+  stored.narrow(0, 0, b).narrow(1, 0, b).copy_(
+      at::tensor({255, 0, 0}, at::kByte).expand({b, b, 3}));
+  stored.narrow(0, 0, b)
+      .narrow(1, w - b, b)
+      .copy_(at::tensor({0, 255, 0}, at::kByte).expand({b, b, 3}));
+  enum Corner { kTopLeft, kTopRight, kBottomLeft, kBottomRight };
+  // orientation -> where the first pixel (red) and the end of the first row (green) display.
+  const std::map<int, std::pair<Corner, Corner>> expected = {
+      {1, {kTopLeft, kTopRight}},       {2, {kTopRight, kTopLeft}},
+      {3, {kBottomRight, kBottomLeft}}, {4, {kBottomLeft, kBottomRight}},
+      {5, {kTopLeft, kBottomLeft}},     {6, {kTopRight, kBottomRight}},
+      {7, {kBottomRight, kTopRight}},   {8, {kBottomLeft, kTopLeft}}};
+  auto corner_mean = [&](const at::Tensor& img, Corner c) {
+    const int64_t y = (c == kTopLeft || c == kTopRight) ? 0 : img.size(0) - b;
+    const int64_t x = (c == kTopLeft || c == kBottomLeft) ? 0 : img.size(1) - b;
+    return img.narrow(0, y + 2, b - 4)
+        .narrow(1, x + 2, b - 4)
+        .to(at::kFloat)
+        .mean(at::IntArrayRef{0, 1});
+  };
+  for (const auto& [orientation, corners] : expected) {
+    for (bool big_endian : {false, true}) {
+      const fs::path file = dir / ("o" + std::to_string(orientation) + ".jpg");
+      write_jpeg(file, stored, 95, exif_with_orientation(orientation, big_endian));
+      const at::Tensor img = read_image(file);
+      const bool swapped = orientation >= 5;
+      EXPECT_EQ(img.size(0), swapped ? w : h) << "orientation " << orientation;
+      EXPECT_EQ(img.size(1), swapped ? h : w) << "orientation " << orientation;
+      EXPECT_TRUE(img.is_contiguous());
+      const at::Tensor red = corner_mean(img, corners.first);
+      const at::Tensor green = corner_mean(img, corners.second);
+      EXPECT_GT(red[0].item<float>(), 200) << "orientation " << orientation;
+      EXPECT_LT(red[1].item<float>(), 60) << "orientation " << orientation;
+      EXPECT_GT(green[1].item<float>(), 200) << "orientation " << orientation;
+      EXPECT_LT(green[0].item<float>(), 60) << "orientation " << orientation;
+    }
+  }
+  // A malformed EXIF payload (IFD offset past the end) is ignored, as an absent one.
+  std::string bad = exif_with_orientation(6, false);
+  bad[10] = 0x7F;
+  write_jpeg(dir / "bad.jpg", stored, 95, bad);
+  EXPECT_EQ(read_image(dir / "bad.jpg").sizes(), stored.sizes());
 }
 
 TEST(ImageInput, BadFilesNameTheFile) {
