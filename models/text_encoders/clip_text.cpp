@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "models/text_encoders/clip_encoder.h"
 #include "models/weights/component_folder.h"
 
 namespace xfuser::models::text_encoders {
@@ -42,75 +43,6 @@ ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& config, const std
   return c;
 }
 
-class ClipAttention : public Module {
- public:
-  ClipAttention(int64_t dim, int64_t heads) : heads_(heads), head_dim_(dim / heads) {
-    q_proj_ = child("q_proj", std::make_shared<Linear>(dim, dim, true));
-    k_proj_ = child("k_proj", std::make_shared<Linear>(dim, dim, true));
-    v_proj_ = child("v_proj", std::make_shared<Linear>(dim, dim, true));
-    out_proj_ = child("out_proj", std::make_shared<Linear>(dim, dim, true));
-  }
-
-  // x [B, S, d]; bias fp32, broadcastable to [B, H, S, S] (causal + padding, additive).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& bias) const {
-    const int64_t b = x.size(0), s = x.size(1);
-    const double scale = std::pow(static_cast<double>(head_dim_), -0.5);
-    auto heads = [&](const at::Tensor& t) {  // [B, S, H*D] -> [B, H, S, D]
-      return t.view({b, s, heads_, head_dim_}).transpose(1, 2);
-    };
-    auto q = heads(q_proj_->forward(x) * scale);
-    auto k = heads(k_proj_->forward(x));
-    auto v = heads(v_proj_->forward(x));
-    auto scores =
-        text_encoders::matmul(q, k.transpose(-1, -2)).to(at::kFloat) + bias;  // [B, H, S, S]
-    auto probs = at::softmax(scores, -1).to(x.scalar_type());
-    auto out = text_encoders::matmul(probs, v).transpose(1, 2).reshape({b, s, heads_ * head_dim_});
-    return out_proj_->forward(out);  // [B, S, d]
-  }
-
- private:
-  int64_t heads_, head_dim_;
-  std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, out_proj_;
-};
-
-class ClipMlp : public Module {
- public:
-  ClipMlp(int64_t dim, int64_t inner, HiddenAct act) : act_(act) {
-    fc1_ = child("fc1", std::make_shared<Linear>(dim, inner, true));
-    fc2_ = child("fc2", std::make_shared<Linear>(inner, dim, true));
-  }
-  at::Tensor forward(const at::Tensor& x) const {
-    return fc2_->forward(apply_hidden_act(fc1_->forward(x), act_));
-  }
-
- private:
-  HiddenAct act_;
-  std::shared_ptr<Linear> fc1_, fc2_;
-};
-
-class ClipEncoderLayer : public Module {
- public:
-  explicit ClipEncoderLayer(const ClipTextConfig& c) {
-    self_attn_ =
-        child("self_attn", std::make_shared<ClipAttention>(c.hidden_size, c.num_attention_heads));
-    layer_norm1_ =
-        child("layer_norm1", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
-    mlp_ =
-        child("mlp", std::make_shared<ClipMlp>(c.hidden_size, c.intermediate_size, c.hidden_act));
-    layer_norm2_ =
-        child("layer_norm2", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
-  }
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& bias) const {
-    auto h = x + self_attn_->forward(layer_norm1_->forward(x), bias);
-    return h + mlp_->forward(layer_norm2_->forward(h));
-  }
-
- private:
-  std::shared_ptr<ClipAttention> self_attn_;
-  std::shared_ptr<LayerNorm> layer_norm1_, layer_norm2_;
-  std::shared_ptr<ClipMlp> mlp_;
-};
-
 ClipTextTransformer::ClipTextTransformer(const ClipTextConfig& config) : config_(config) {
   token_embedding_ =
       &param("embeddings.token_embedding.weight", {config.vocab_size, config.hidden_size});
@@ -118,7 +50,10 @@ ClipTextTransformer::ClipTextTransformer(const ClipTextConfig& config) : config_
                                {config.max_position_embeddings, config.hidden_size});
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layers_.push_back(
-        child("encoder.layers." + std::to_string(i), std::make_shared<ClipEncoderLayer>(config)));
+        child("encoder.layers." + std::to_string(i),
+              std::make_shared<ClipEncoderLayer>(config.hidden_size, config.intermediate_size,
+                                                 config.num_attention_heads, config.layer_norm_eps,
+                                                 config.hidden_act)));
   }
   final_layer_norm_ = child("final_layer_norm",
                             std::make_shared<LayerNorm>(config.hidden_size, config.layer_norm_eps));
