@@ -54,7 +54,6 @@ const std::vector<Planned>& planned_models() {
         "stabilityai/stable-diffusion-3-medium-diffusers"},
        "Stable Diffusion 3 / 3.5 (text-to-image)"},
       {{"Wan2.2-T2V", "Wan-AI/Wan2.2-T2V-A14B-Diffusers"}, "Wan 2.2 text-to-video"},
-      {{"Wan2.1-I2V", "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"}, "Wan 2.1 image-to-video"},
       {{"Wan2.2-I2V", "Wan-AI/Wan2.2-I2V-A14B-Diffusers"}, "Wan 2.2 image-to-video"},
       {{"HunyuanVideo", "tencent/HunyuanVideo"}, "HunyuanVideo (text-to-video)"},
       {{"HunyuanVideo-1.5", "tencent/HunyuanVideo-1.5"}, "HunyuanVideo-1.5 (text/image-to-video)"},

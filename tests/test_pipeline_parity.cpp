@@ -1,9 +1,9 @@
 // Whole pipelines against diffusers, image for image: the tiny pipeline folders that
 // tests/fixtures/generate.py saved with diffusers (StableDiffusion3Pipeline with and without T5,
-// FluxPipeline, WanPipeline) run from the folder alone (the model comes from model_index.json), from the same
-// initial latents as diffusers' run (GenerationRequest::latents, what `xfuser-run --latents`
-// feeds); the final latents equal diffusers' output_type="latent" result within 1e-4 relative
-// (fp32) and the decoded image diffusers' output_type="np" within 1/255.
+// FluxPipeline, WanPipeline) run from the folder alone (the model comes from model_index.json),
+// from the same initial latents as diffusers' run (GenerationRequest::latents, what `xfuser-run
+// --latents` feeds); the final latents equal diffusers' output_type="latent" result within 1e-4
+// relative (fp32) and the decoded image diffusers' output_type="np" within 1/255.
 #include <fstream>
 
 #include <ATen/ATen.h>
@@ -13,6 +13,7 @@
 #include "models/registry.h"
 #include "models/weights/safetensors.h"
 #include "models/xfuser_model.h"
+#include "runner/image_input.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -55,6 +56,9 @@ void check_pipeline(const std::string& name) {
     r.true_cfg_scale = c.value("true_cfg_scale", 1.0);
     r.max_sequence_length = c["max_sequence_length"];
     r.num_frames = c.value("num_frames", 0);
+    if (c.contains("input_image")) {
+      r.input_images = {xfuser::runner::read_image(dir / c["input_image"].get<std::string>())};
+    }
     r.seeds.assign(r.prompts.size(), 0);  // unused: the latents are given
     r.latents = xfuser::models::SafetensorsFile((dir / "latents.safetensors").string())
                     .get("latents")
@@ -88,6 +92,9 @@ TEST(PipelineParity, Flux) { check_pipeline("flux-tiny"); }
 // WanPipeline (Wan 2.1 T2V): UMT5 with prompt_clean, UniPC, the causal video VAE; frames
 // [B, F, H, W, 3].
 TEST(PipelineParity, WanTextToVideo) { check_pipeline("wan-t2v-tiny"); }
+// WanImageToVideoPipeline (Wan 2.1 I2V): the picture through CLIPImageProcessor + CLIPVisionModel
+// and, resized with PIL's Lanczos, VAE-encoded as the condition.
+TEST(PipelineParity, WanImageToVideo) { check_pipeline("wan-i2v-tiny"); }
 
 TEST(PipelineParity, WrongLatentShapeNamesTheLayout) {
   const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / "sd3-tiny";

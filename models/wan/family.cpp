@@ -17,7 +17,11 @@ void register_family() {
       {"wan-t2v",
        "Wan 2.1 text-to-video: UMT5 text encoder, WanTransformer3DModel (3D RoPE, cross-"
        "attention), causal 3D AutoencoderKLWan, UniPC flow scheduler",
-       [](const std::filesystem::path& dir, uint64_t seed) { write_tiny_wan_t2v(dir, seed); }}};
+       [](const std::filesystem::path& dir, uint64_t seed) { write_tiny_wan_t2v(dir, seed); }},
+      {"wan-i2v",
+       "Wan 2.1 image-to-video: wan-t2v plus a CLIPVisionModel image encoder and its processor, "
+       "a transformer with image cross-attention and 36 input channels",
+       [](const std::filesystem::path& dir, uint64_t seed) { write_tiny_wan_i2v(dir, seed); }}};
   FamilyRegistry::add(std::move(family));
 }
 

@@ -27,8 +27,10 @@ json read_json(const fs::path& path) {
 
 }  // namespace
 
-void write_tiny_wan_t2v(const fs::path& out, uint64_t seed) {
-  XF_CONTEXT("writing the tiny Wan 2.1 T2V pipeline to ", out.string());
+namespace {
+
+void write(const fs::path& out, uint64_t seed, bool i2v) {
+  XF_CONTEXT("writing the tiny Wan 2.1 ", i2v ? "I2V" : "T2V", " pipeline to ", out.string());
   register_builtin_components();
   std::error_code ec;
   if (fs::exists(out, ec)) {
@@ -48,14 +50,49 @@ void write_tiny_wan_t2v(const fs::path& out, uint64_t seed) {
   tok_config["model_max_length"] = 512;
   write_json_file(out / "tokenizer" / "tokenizer_config.json", tok_config);
 
-  write_json_file(out / "model_index.json",
-                  {{"_class_name", "WanPipeline"},
-                   {"_diffusers_version", "0.33.1"},
-                   {"scheduler", {"diffusers", "UniPCMultistepScheduler"}},
-                   {"text_encoder", {"transformers", "UMT5EncoderModel"}},
-                   {"tokenizer", {"transformers", "T5TokenizerFast"}},
-                   {"transformer", {"diffusers", "WanTransformer3DModel"}},
-                   {"vae", {"diffusers", "AutoencoderKLWan"}}});
+  json index = {{"_class_name", i2v ? "WanImageToVideoPipeline" : "WanPipeline"},
+                {"_diffusers_version", "0.33.1"},
+                {"scheduler", {"diffusers", "UniPCMultistepScheduler"}},
+                {"text_encoder", {"transformers", "UMT5EncoderModel"}},
+                {"tokenizer", {"transformers", "T5TokenizerFast"}},
+                {"transformer", {"diffusers", "WanTransformer3DModel"}},
+                {"vae", {"diffusers", "AutoencoderKLWan"}}};
+  constexpr int64_t kVision = 32, kInner = 64;
+  if (i2v) {
+    index["image_encoder"] = {"transformers", "CLIPVisionModel"};
+    index["image_processor"] = {"transformers", "CLIPImageProcessor"};
+    // 32x32 pixels in 2x2 patches: 256 + 1 tokens, the 257 image tokens Wan's attention takes.
+    write_random_component(out / "image_encoder",
+                           {{"architectures", {"CLIPVisionModel"}},
+                            {"model_type", "clip_vision_model"},
+                            {"hidden_size", kVision},
+                            {"intermediate_size", 64},
+                            {"projection_dim", kVision},
+                            {"num_hidden_layers", 2},
+                            {"num_attention_heads", 4},
+                            {"num_channels", 3},
+                            {"image_size", 32},
+                            {"patch_size", 2},
+                            {"hidden_act", "gelu"},
+                            {"layer_norm_eps", 1e-5},
+                            {"torch_dtype", "float32"}},
+                           "model.safetensors", seed + 4);
+    fs::create_directories(out / "image_processor");
+    write_json_file(out / "image_processor" / "preprocessor_config.json",
+                    {{"image_processor_type", "CLIPImageProcessor"},
+                     {"do_resize", true},
+                     {"size", {{"shortest_edge", 32}}},
+                     {"resample", 3},
+                     {"do_center_crop", true},
+                     {"crop_size", {{"height", 32}, {"width", 32}}},
+                     {"do_rescale", true},
+                     {"rescale_factor", 1.0 / 255.0},
+                     {"do_normalize", true},
+                     {"image_mean", {0.48145466, 0.4578275, 0.40821073}},
+                     {"image_std", {0.26862954, 0.26130258, 0.27577711}},
+                     {"do_convert_rgb", true}});
+  }
+  write_json_file(out / "model_index.json", index);
   fs::create_directories(out / "scheduler");
   // Wan2.1-T2V-14B-Diffusers' scheduler_config.json.
   write_json_file(out / "scheduler" / "scheduler_config.json",
@@ -95,23 +132,27 @@ void write_tiny_wan_t2v(const fs::path& out, uint64_t seed) {
                           {"pad_token_id", 0},
                           {"torch_dtype", "float32"}},
                          "model.safetensors", seed + 1);
-  write_random_component(out / "transformer",
-                         {{"_class_name", "WanTransformer3DModel"},
-                          {"_diffusers_version", "0.33.1"},
-                          {"patch_size", {1, 2, 2}},
-                          {"num_attention_heads", 4},
-                          {"attention_head_dim", 16},
-                          {"in_channels", 16},
-                          {"out_channels", 16},
-                          {"text_dim", kText},
-                          {"freq_dim", 256},
-                          {"ffn_dim", 128},
-                          {"num_layers", 2},
-                          {"cross_attn_norm", true},
-                          {"qk_norm", "rms_norm_across_heads"},
-                          {"eps", 1e-6},
-                          {"rope_max_seq_len", 1024}},
-                         "diffusion_pytorch_model.safetensors", seed + 2);
+  json transformer = {{"_class_name", "WanTransformer3DModel"},
+                      {"_diffusers_version", "0.33.1"},
+                      {"patch_size", {1, 2, 2}},
+                      {"num_attention_heads", 4},
+                      {"attention_head_dim", kInner / 4},
+                      {"in_channels", i2v ? 36 : 16},
+                      {"out_channels", 16},
+                      {"text_dim", kText},
+                      {"freq_dim", 256},
+                      {"ffn_dim", 128},
+                      {"num_layers", 2},
+                      {"cross_attn_norm", true},
+                      {"qk_norm", "rms_norm_across_heads"},
+                      {"eps", 1e-6},
+                      {"rope_max_seq_len", 1024}};
+  if (i2v) {
+    transformer["image_dim"] = kVision;
+    transformer["added_kv_proj_dim"] = kInner;
+  }
+  write_random_component(out / "transformer", transformer, "diffusion_pytorch_model.safetensors",
+                         seed + 2);
   write_random_component(out / "vae",
                          {{"_class_name", "AutoencoderKLWan"},
                           {"_diffusers_version", "0.33.1"},
@@ -130,5 +171,11 @@ void write_tiny_wan_t2v(const fs::path& out, uint64_t seed) {
                             2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160}}},
                          "diffusion_pytorch_model.safetensors", seed + 3);
 }
+
+}  // namespace
+
+void write_tiny_wan_t2v(const fs::path& dir, uint64_t seed) { write(dir, seed, false); }
+
+void write_tiny_wan_i2v(const fs::path& dir, uint64_t seed) { write(dir, seed, true); }
 
 }  // namespace xfuser::models::wan

@@ -11,5 +11,9 @@
 namespace xfuser::models::wan {
 
 void write_tiny_wan_t2v(const std::filesystem::path& dir, uint64_t seed);
+// The image-to-video layout (WanImageToVideoPipeline): adds a CLIPVisionModel image_encoder (257
+// image tokens), its CLIPImageProcessor, and a transformer with image cross-attention and 36
+// input channels (latents, mask, condition).
+void write_tiny_wan_i2v(const std::filesystem::path& dir, uint64_t seed);
 
 }  // namespace xfuser::models::wan

@@ -6,9 +6,11 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "backends/tensor_util.h"
 #include "models/common/component.h"
 #include "models/common/pipeline_cache.h"
 #include "models/dit/dit_checks.h"
+#include "models/image/pil_resize.h"
 #include "models/schedulers/unipc_multistep.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/wan/tiny_wan.h"
@@ -17,6 +19,7 @@
 #include "models/wan/wan_vae.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/hub_cache.h"
+#include "parallel/process_groups.h"
 
 namespace xfuser::models::wan {
 namespace fs = std::filesystem;
@@ -29,6 +32,8 @@ struct WanModel::WanState : DiTState {
   at::Tensor prompt_embeds;           // [B, L, text_dim]
   at::Tensor negative_prompt_embeds;  // defined with CFG
   at::Tensor token_ids;               // [N, 3] (f, h, w) of the latent tokens
+  at::Tensor image_embeds;            // image-to-video: [B, 257, image_dim]
+  at::Tensor condition;               // image-to-video: [B, N, 20 * patch] condition tokens
   int64_t latent_f = 0, latent_h = 0, latent_w = 0;
   bool do_cfg = false;
 };
@@ -73,6 +78,10 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
     XF_CHECK(fs::is_directory(dir / name), "Wan pipeline folder ", dir.string(), " has no ", name,
              "/ folder (listed in model_index.json)");
   }
+  i2v_ = listed(index, "image_encoder");
+  XF_CHECK(i2v_ == listed(index, "image_processor"), index_path,
+           ": image_encoder and image_processor must be given together (image-to-video) or both "
+           "be absent (text-to-video)");
   XF_CHECK(!listed(index, "transformer_2"), index_path,
            " lists a transformer_2 (Wan2.2's low-noise expert), which this release does not run "
            "yet");
@@ -89,9 +98,12 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
   XF_CHECK(wan_transformer_ != nullptr, (dir / "transformer").string(),
            " did not load as a WanTransformer3DModel");
   const auto& c = wan_transformer_->config();
-  XF_CHECK(!c.image_dim && !c.added_kv_proj_dim, (dir / "transformer").string(),
-           " is an image-to-video transformer (image_dim / added_kv_proj_dim set); "
-           "WanPipeline is text-to-video");
+  const bool image_attention = c.image_dim.has_value() && c.added_kv_proj_dim.has_value();
+  XF_CHECK(image_attention == i2v_, (dir / "transformer").string(),
+           i2v_ ? " has no image cross-attention (image_dim / added_kv_proj_dim), which a "
+                  "WanImageToVideoPipeline with an image_encoder needs"
+                : " is an image-to-video transformer (image_dim / added_kv_proj_dim set) in a "
+                  "folder without image_encoder");
   text_encoder_ = load_component((dir / "text_encoder").string(), dtype_);
   XF_CHECK(text_encoder_->class_name() == "UMT5EncoderModel" ||
                text_encoder_->class_name() == "T5EncoderModel",
@@ -106,8 +118,21 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
   vae_scale_temporal_ = wan_vae_->temporal_scale();
   vae_scale_spatial_ = wan_vae_->spatial_scale();
   vae_scale_factor_ = static_cast<int>(vae_scale_spatial_);
-  XF_CHECK(wan_vae_->config().z_dim == c.in_channels, dir.string(), ": the VAE has z_dim ",
-           wan_vae_->config().z_dim, ", the transformer takes ", c.in_channels, " channels");
+  const int64_t z = wan_vae_->config().z_dim;
+  const int64_t want_in = i2v_ ? 2 * z + vae_scale_temporal_ : z;
+  XF_CHECK(c.in_channels == want_in, dir.string(), ": the transformer takes ", c.in_channels,
+           " channels; with the VAE's z_dim ", z, i2v_ ? " image-to-video needs " : " it needs ",
+           want_in, i2v_ ? " (latents, mask and condition)" : "");
+  XF_CHECK(c.resolved_out_channels() == z, dir.string(), ": the transformer predicts ",
+           c.resolved_out_channels(), " channels, the VAE has z_dim ", z);
+  if (i2v_) {
+    image_processor_ = image::ClipImageProcessorConfig::from_file(
+        (dir / "image_processor" / "preprocessor_config.json").string());
+    // The Wan model cards load the image encoder in float32 as well.
+    image_encoder_ = load_component((dir / "image_encoder").string(), at::kFloat);
+    XF_CHECK(image_encoder_->class_name() == "CLIPVisionModel", (dir / "image_encoder").string(),
+             ": Wan's image encoder must be a CLIPVisionModel, got ", image_encoder_->class_name());
+  }
 }
 
 std::unique_ptr<XFuserModel::State> WanModel::begin(const GenerationRequest& request) {
@@ -138,8 +163,21 @@ std::unique_ptr<XFuserModel::State> WanModel::begin(const GenerationRequest& req
            request.max_sequence_length, ")");
   XF_CHECK(!request.guidance_scale_2,
            "--guidance_scale_2 is for Wan2.2's two experts; this pipeline has one transformer");
-  XF_CHECK(request.input_images.empty(), spec().id,
-           " is text-to-video: it takes no --input_images");
+  if (i2v_) {
+    XF_CHECK(request.input_images.size() == 1, spec().id,
+             " is image-to-video: give its first frame as one --input_images picture (got ",
+             request.input_images.size(), ")");
+    const at::Tensor& image = request.input_images[0];
+    XF_CHECK(image.dim() == 3 && image.size(2) == 3 && image.scalar_type() == at::kByte,
+             "--input_images: the picture must be uint8 [H, W, 3] RGB, got ",
+             shape_string(image.sizes()), " ", image.scalar_type());
+    XF_CHECK(process_groups() == nullptr || process_groups()->config().pp() == 1, spec().id,
+             ": --pipefusion_parallel_degree is not supported for image-to-video yet (the "
+             "condition channels are not carried by PipeFusion's patches)");
+  } else {
+    XF_CHECK(request.input_images.empty(), spec().id,
+             " is text-to-video: it takes no --input_images");
+  }
   auto state = std::make_unique<WanState>();
   state->request = request;
   state->latent_f = latent_f;
@@ -178,10 +216,54 @@ at::Tensor WanModel::embed_prompts(const std::vector<std::string>& prompts,
   return hidden.to(wan_transformer_->dtype());
 }
 
+at::Tensor WanModel::encode_image(const at::Tensor& image) const {
+  // encode_image: image_processor(images=image) -> image_encoder(..., output_hidden_states=True)
+  // .hidden_states[-2].
+  const at::Tensor pixels = image::preprocess(image_processor_, {image.cpu()})
+                                .to(load_options().device);  // [1, 3, h, w] float32
+  return image_encoder_->call("forward", {{"pixel_values", pixels}})
+      .at("hidden_states_penultimate");
+}
+
+at::Tensor WanModel::condition_tokens(const WanState& s, const at::Tensor& image) const {
+  const auto& req = s.request;
+  const auto& c = wan_transformer_->config();
+  const int64_t b = s.tokens.size(0);
+  const auto options = s.tokens.options();  // float32 on the run's device
+  // VideoProcessor.preprocess(image, height, width): PIL Lanczos resize, /255 in float32, 2x - 1.
+  const at::Tensor resized =
+      image::pil_resize(image.cpu(), req.width, req.height, image::PilFilter::kLanczos);
+  at::Tensor frame = resized.to(options.device()).to(at::kFloat).div(255.0).mul(2.0).sub(1.0);
+  frame = frame.permute({2, 0, 1}).unsqueeze(0).unsqueeze(2);  // [1, 3, 1, H, W]
+  // The picture, then num_frames - 1 frames of zeros.
+  at::Tensor video = at::cat(
+      {frame, at::zeros({1, 3, req.num_frames - 1, req.height, req.width}, frame.options())}, 2);
+  at::Tensor latent = wan_vae_->encode(video.to(wan_vae_->dtype())).first.to(at::kFloat);
+  const auto& vc = wan_vae_->config();
+  const int64_t z = vc.z_dim;
+  const auto host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+  const at::Tensor mean = at::tensor(vc.latents_mean, host).to(options).view({1, z, 1, 1, 1});
+  const at::Tensor inv_std =
+      (1.0 / at::tensor(vc.latents_std, host)).to(options).view({1, z, 1, 1, 1});
+  latent = ((latent - mean) * inv_std).repeat({b, 1, 1, 1, 1});
+  // The mask: 1 on the picture's frame. Frame 0 is repeated temporal-scale times so every latent
+  // frame covers `t` mask channels: [B, t, f, h, w], 1 on latent frame 0 only.
+  const int64_t t = vae_scale_temporal_;
+  at::Tensor mask = at::zeros({b, t, s.latent_f, s.latent_h, s.latent_w}, options);
+  mask.narrow(2, 0, 1).fill_(1.0);
+  const at::Tensor condition = at::cat({mask, latent}, 1);  // [B, t + z, f, h, w]
+  return WanTransformer3DModel::patchify(condition, c.patch_size);
+}
+
 void WanModel::encode_prompt(State& base) {
   auto& s = static_cast<WanState&>(base);
   const int msl = s.request.max_sequence_length;
   s.prompt_embeds = embed_prompts(s.request.prompts, msl);
+  if (i2v_) {
+    const int64_t b = static_cast<int64_t>(s.request.prompts.size());
+    s.image_embeds =
+        encode_image(s.request.input_images[0]).repeat({b, 1, 1}).to(wan_transformer_->dtype());
+  }
   if (s.do_cfg) {
     std::vector<std::string> negatives = s.request.negative_prompts;
     if (negatives.empty()) negatives.assign(s.request.prompts.size(), "");
@@ -196,9 +278,12 @@ void WanModel::prepare_latents(State& base) {
   const int64_t b = static_cast<int64_t>(req.seeds.size());
   // prepare_latents draws float32 latents and the loop keeps them in float32.
   const auto options = s.prompt_embeds.options().dtype(at::kFloat);
-  s.initial_latents = initial_noise(req, {b, c.in_channels, s.latent_f, s.latent_h, s.latent_w},
-                                    options, "WanPipeline latents: [B, 16, (F-1)/4+1, H/8, W/8]");
+  const int64_t z = wan_vae_->config().z_dim;
+  s.initial_latents = initial_noise(req, {b, z, s.latent_f, s.latent_h, s.latent_w}, options,
+                                    std::string(i2v_ ? "WanImageToVideoPipeline" : "WanPipeline") +
+                                        " latents: [B, 16, (F-1)/4+1, H/8, W/8]");
   s.tokens = WanTransformer3DModel::patchify(s.initial_latents, c.patch_size);
+  if (i2v_) s.condition = condition_tokens(s, req.input_images[0]);
   const auto& p = c.patch_size;
   const int64_t gf = s.latent_f / p[0], gh = s.latent_h / p[1], gw = s.latent_w / p[2];
   s.token_ids = WanTransformer3DModel::token_ids(gf, gh, gw, options);
@@ -218,6 +303,12 @@ void WanModel::denoise_step(State& base, int index) {
   dit::DiTInputs positive;
   positive.token_ids = s.token_ids;
   positive.text = s.prompt_embeds;
+  if (i2v_) {
+    // cat([latents, condition], dim=1): in the token layout the channels are outermost, so the
+    // condition's features follow the latents' in every token.
+    positive.tokens = at::cat({s.tokens, s.condition}, -1);
+    positive.extra["encoder_hidden_states_image"] = s.image_embeds;
+  }
   // t.expand(B); exact in float32 (t <= 1000).
   positive.timestep = at::full({b}, static_cast<double>(t), s.tokens.options().dtype(at::kFloat));
   dit::DiTInputs negative = positive;
@@ -252,10 +343,11 @@ at::Tensor WanModel::tokens_to_latents(const WanState& s) const {
   const auto& p = c.patch_size;
   const int64_t b = s.tokens.size(0);
   const int64_t gf = s.latent_f / p[0], gh = s.latent_h / p[1], gw = s.latent_w / p[2];
+  const int64_t z = wan_vae_->config().z_dim;
   // The inverse of patchify: [B, gf, gh, gw, C, pt, ph, pw] -> [B, C, gf pt, gh ph, gw pw].
-  return s.tokens.reshape({b, gf, gh, gw, c.in_channels, p[0], p[1], p[2]})
+  return s.tokens.reshape({b, gf, gh, gw, z, p[0], p[1], p[2]})
       .permute({0, 4, 1, 5, 2, 6, 3, 7})
-      .reshape({b, c.in_channels, s.latent_f, s.latent_h, s.latent_w});
+      .reshape({b, z, s.latent_f, s.latent_h, s.latent_w});
 }
 
 void WanModel::decode(State& base) {
@@ -287,6 +379,10 @@ MemoryEstimate check_wan_run(const fs::path& dir, const RunLayout& run) {
   XF_CHECK(run.num_frames >= 1 && (run.num_frames - 1) % temporal == 0, "--num_frames ",
            run.num_frames, " is not ", temporal, "k + 1 frames, which the Wan VAE needs (",
            vae_folder.config_path, ")");
+  const bool i2v = fs::is_directory(dir / "image_encoder");
+  XF_CHECK(!i2v || run.pipefusion == 1,
+           "--pipefusion_parallel_degree is not supported for Wan image-to-video yet (",
+           dir.string(), " has an image_encoder)");
   dit::DiTRunTraits t;
   t.family = "Wan";
   t.pixels_per_token = spatial * config.patch_size[1];
@@ -297,6 +393,7 @@ MemoryEstimate check_wan_run(const fs::path& dir, const RunLayout& run) {
       std::to_string(run.guidance_scale) + ")";
   t.max_grid = config.rope_max_seq_len;
   t.components = {"text_encoder", "vae"};
+  if (i2v) t.components.push_back("image_encoder");
   t.latent_frames = ((run.num_frames - 1) / temporal + 1) / config.patch_size[0];
   int64_t widest = 0;
   for (int64_t m : vae.dim_mult) widest = std::max(widest, m * vae.base_dim);
@@ -352,7 +449,36 @@ std::vector<ModelSpec> model_specs() {
     return ensure_cached_pipeline("tiny-wan-t2v-v1-seed0",
                                   [](const fs::path& dir) { write_tiny_wan_t2v(dir, 0); });
   };
-  return {t2v, tiny};
+  ModelSpec i2v = t2v;
+  i2v.id = "Wan2.1-I2V";
+  i2v.aliases = {"Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+                 "Wan2.1-I2V-14B"};
+  i2v.hf_repo = "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers";
+  i2v.task = Task::kImageToVideo;
+  // xDiT's runner: as T2V with flow_shift 5.
+  i2v.defaults = {720, 1280, 40, 3.5, 512, 81, 16, 5.0};
+  i2v.options.insert("--input_images");
+  i2v.parallelism.pipefusion = false;
+  i2v.description =
+      "Wan 2.1 image-to-video 14B: the first frame as CLIP ViT-H/14 image context and as a "
+      "VAE-encoded condition with a mask, UMT5-XXL, true CFG; MP4 output";
+  i2v.pipeline_classes = {"WanImageToVideoPipeline"};
+
+  ModelSpec tiny_i2v = i2v;
+  tiny_i2v.id = "tiny-wan-i2v";
+  tiny_i2v.aliases = {};
+  tiny_i2v.hf_repo = "";
+  tiny_i2v.defaults = tiny.defaults;
+  tiny_i2v.maturity = "embedded";
+  tiny_i2v.description =
+      "Built-in Wan 2.1 I2V architecture (CLIP vision, image cross-attention, 36 input "
+      "channels) with seeded random weights (`xfuser make-tiny --arch wan-i2v`); for tests";
+  tiny_i2v.pipeline_classes = {};
+  tiny_i2v.embedded_dir = [] {
+    return ensure_cached_pipeline("tiny-wan-i2v-v1-seed0",
+                                  [](const fs::path& dir) { write_tiny_wan_i2v(dir, 0); });
+  };
+  return {t2v, i2v, tiny, tiny_i2v};
 }
 
 }  // namespace xfuser::models::wan

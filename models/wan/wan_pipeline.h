@@ -14,9 +14,20 @@
 //   - decode: latents * latents_std + latents_mean (the VAE config's), AutoencoderKLWan.decode
 //     (float32, as the Wan model cards load the VAE), then VideoProcessor.postprocess_video:
 //     (x / 2 + 0.5).clamp(0, 1) x 255, rounded -> uint8 [B, F, H, W, 3].
+// WanImageToVideoPipeline (Wan 2.1 image-to-video, pipeline_wan_i2v.py) is the same class with the
+// folder's image_encoder (CLIPVisionModel) and image_processor (CLIPImageProcessor):
+//   - the one --input_images picture through CLIPImageProcessor and the CLIP vision tower
+//     (float32, as the Wan model cards load it); its hidden_states[-2] [1, 257, 1280] are the
+//     transformer's image context for every prompt and both CFG branches;
+//   - the picture resized to --height x --width as VideoProcessor.preprocess does (PIL Lanczos,
+//     x / 255 * 2 - 1), as the first frame of a video of zeros, VAE-encoded (the posterior mean),
+//     normalised ((z - latents_mean) / latents_std), after a 4-channel mask (1 on the latent frame
+//     of the first picture frame): a condition [B, 20, f, h, w] concatenated to the latents along
+//     the channels at every step (in_channels 36).
 // The transformer runs on tokens (WanTransformer3DModel::patchify): every DiT parallel driver
 // (Ulysses, ring, CFG parallel, tensor parallel, PipeFusion over frame-rows of tokens) applies
-// unchanged; the text is whole on every rank (cross-attention).
+// unchanged; the text is whole on every rank (cross-attention). Image-to-video does not run under
+// PipeFusion yet (its patches carry only the latents, not the condition channels).
 #pragma once
 
 #include <filesystem>
@@ -24,6 +35,7 @@
 #include <vector>
 
 #include "models/dit/dit_pipeline.h"
+#include "models/image/clip_image_processor.h"
 #include "models/registry.h"
 
 namespace xfuser::models {
@@ -66,12 +78,19 @@ class WanModel : public dit::DiTPipeline {
   struct WanState;
   // Latent tokens (patchify layout) back to latents [B, C, f, h, w].
   at::Tensor tokens_to_latents(const WanState& s) const;
+  // Image-to-video: the CLIP image context [1, 257, d] and the condition tokens of `image`.
+  at::Tensor encode_image(const at::Tensor& image) const;
+  at::Tensor condition_tokens(const WanState& s, const at::Tensor& image) const;
 
   c10::ScalarType dtype_ = c10::kFloat;
   WanTransformer3DModel* wan_transformer_ = nullptr;  // transformer_ (DiTPipeline), typed
   std::shared_ptr<Component> text_encoder_;           // UMT5EncoderModel
   std::unique_ptr<tokenizers::Tokenizer> tokenizer_;
   std::shared_ptr<AutoencoderKLWan> wan_vae_;
+  // Image-to-video (the folder has an image_encoder): the CLIP vision tower and its processor.
+  bool i2v_ = false;
+  std::shared_ptr<Component> image_encoder_;
+  image::ClipImageProcessorConfig image_processor_;
   std::filesystem::path scheduler_config_;
   int64_t vae_scale_temporal_ = 4, vae_scale_spatial_ = 8;
 };
@@ -80,7 +99,8 @@ class WanModel : public dit::DiTPipeline {
 // columns), UMT5 text length, CFG rule (guidance_scale > 1) and frame count (4k + 1).
 MemoryEstimate check_wan_run(const std::filesystem::path& pipeline_dir, const RunLayout& run);
 
-// The registry entries of this family: Wan2.1-T2V and the embedded tiny-wan.
+// The registry entries of this family: Wan2.1-T2V, Wan2.1-I2V and the embedded tiny-wan and
+// tiny-wan-i2v.
 std::vector<ModelSpec> model_specs();
 
 }  // namespace xfuser::models::wan
