@@ -3,8 +3,9 @@
 // requested frames, size and frame rate and its decoded frames match diffusers' video within
 // codec tolerance; --output_type frames adds one PNG per frame; every parallel layout on 2 and 4
 // ranks (Ulysses, ring, USP, CFG, tensor, exact PipeFusion) ends on the serial latents, with 18
-// video tokens that 4 does not divide, and patched PipeFusion stays close; bad frame counts and video flags on image models are
-// clear errors.
+// video tokens that 4 does not divide, and patched PipeFusion stays close; bad frame counts and
+// video flags on image models are clear errors. Image-to-video from a picture file equals diffusers
+// under Ulysses, CFG, tensor and ring x CFG.
 #include <fstream>
 
 #include <ATen/ATen.h>
@@ -149,6 +150,58 @@ TEST_F(WanRun, EveryParallelLayoutEndsOnTheSerialLatents) {
       final_latents(patched.path(), "Wan2.1-T2V_u1r1_pp2_tc_False_32x48_0"), want);
   std::printf("PipeFusion 2 patches, 1 warm-up step: final latents rel %.2e vs serial\n", stale);
   EXPECT_LE(stale, 0.05);
+}
+
+TEST_F(WanRun, ImageToVideoFromAPictureFileEqualsDiffusersUnderEveryLayout) {
+  const fs::path ref = pipelines_ / "wan-i2v-tiny.ref" / "cfg_negative";
+  XF_REQUIRE_FIXTURE(ref);
+  std::ifstream in(ref / "case.json");
+  const auto c = nlohmann::json::parse(in);
+  const std::string cmd =
+      bin_ + " --model_path " + (pipelines_ / "wan-i2v-tiny").string() + " --prompt '" +
+      c["prompt"].get<std::string>() + "' --negative_prompt '" +
+      c["negative_prompt"].get<std::string>() + "' --input_images " + (ref / "input.png").string() +
+      " --height 32 --width 48 --num_frames 9 --num_inference_steps 4 --guidance_scale 5" +
+      " --max_sequence_length 32 --flow_shift 5 --dtype fp32 --save_latents --latents " +
+      (ref / "latents.safetensors").string() + " --output_directory ";
+  const at::Tensor want = SafetensorsFile((ref / "final.safetensors").string()).get("latents");
+  std::string log;
+  struct Layout {
+    int np;
+    std::string flags, name;
+  };
+  const std::vector<Layout> layouts = {
+      {1, "", "Wan2.1-I2V_u1r1_tc_False_32x48_0"},
+      {2, "--ulysses_degree 2", "Wan2.1-I2V_u2r1_tc_False_32x48_0"},
+      {2, "--use_cfg_parallel", "Wan2.1-I2V_u1r1_cfg2_tc_False_32x48_0"},
+      {2, "--tensor_parallel_degree 2", "Wan2.1-I2V_u1r1_tp2_tc_False_32x48_0"},
+      {4, "--ring_degree 2 --use_cfg_parallel", "Wan2.1-I2V_u1r2_cfg2_tc_False_32x48_0"},
+  };
+  for (const auto& l : layouts) {
+    SCOPED_TRACE(l.flags);
+    TempDir out;
+    const std::string prefix = l.np > 1 ? mpirun_prefix(l.np) : "";
+    ASSERT_EQ(run_command(prefix + cmd + out.path().string() + " " + l.flags, &log), 0) << log;
+    ASSERT_TRUE(fs::exists(out / (l.name + ".mp4"))) << log;
+    EXPECT_LE(xfuser::testing::max_rel_error(final_latents(out.path(), l.name), want), 1e-5);
+  }
+  // The picture is required, once; PipeFusion is refused before any weight is read.
+  TempDir out;
+  const std::string tiny = bin_ + " --model tiny-wan-i2v --prompt 'a cat' --num_inference_steps " +
+                           "1 --output_directory " + out.path().string();
+  EXPECT_NE(run_command(tiny, &log), 0);
+  EXPECT_NE(log.find("give its first frame as one --input_images picture (got 0)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(run_command(mpirun_prefix(2) + tiny + " --input_images " +
+                            (ref / "input.png").string() + " --pipefusion_parallel_degree 2",
+                        &log),
+            0);
+  EXPECT_NE(log.find("--pipefusion_parallel_degree is not supported by model tiny-wan-i2v"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(run_command(tiny + " --input_images " + (out / "missing.png").string(), &log), 0);
+  EXPECT_NE(log.find("missing.png"), std::string::npos) << log;
 }
 
 TEST_F(WanRun, FrameCountsAndVideoFlagsAreCheckedNamingTheFlag) {
