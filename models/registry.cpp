@@ -53,8 +53,6 @@ const std::vector<Planned>& planned_models() {
       {{"SD3.5", "stable-diffusion-3.5-large", "stabilityai/stable-diffusion-3.5-large",
         "stabilityai/stable-diffusion-3-medium-diffusers"},
        "Stable Diffusion 3 / 3.5 (text-to-image)"},
-      {{"Wan2.2-T2V", "Wan-AI/Wan2.2-T2V-A14B-Diffusers"}, "Wan 2.2 text-to-video"},
-      {{"Wan2.2-I2V", "Wan-AI/Wan2.2-I2V-A14B-Diffusers"}, "Wan 2.2 image-to-video"},
       {{"HunyuanVideo", "tencent/HunyuanVideo"}, "HunyuanVideo (text-to-video)"},
       {{"HunyuanVideo-1.5", "tencent/HunyuanVideo-1.5"}, "HunyuanVideo-1.5 (text/image-to-video)"},
       {{"FLUX.1-Kontext-dev", "black-forest-labs/FLUX.1-Kontext-dev"},
@@ -157,7 +155,7 @@ const ModelSpec& ModelRegistry::for_pipeline_folder(const std::filesystem::path&
   std::string known;
   for (const auto& spec : all()) {
     for (const auto& c : spec.pipeline_classes) {
-      if (c == cls) return spec;
+      if (c == cls && (!spec.folder_match || spec.folder_match(index))) return spec;
       known += (known.empty() ? "" : ", ") + c + " (" + spec.id + ")";
     }
   }

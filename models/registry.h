@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace xfuser::models {
 
 class XFuserModel;
@@ -87,6 +89,9 @@ struct ModelSpec {
   // diffusers pipeline classes (model_index.json `_class_name`) this model runs: `--model_path
   // DIR` without --model picks the first model listing the folder's class.
   std::vector<std::string> pipeline_classes;
+  // With several models of one pipeline class (Wan 2.1 and 2.2 are both WanPipeline): true when
+  // a folder's model_index.json is this model's. Null: every folder of the class.
+  std::function<bool(const nlohmann::json& model_index)> folder_match;
   // Embedded models (no download, no cache): builds the pipeline folder if needed, returns it.
   std::function<std::filesystem::path()> embedded_dir;
 };

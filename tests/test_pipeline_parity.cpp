@@ -56,6 +56,9 @@ void check_pipeline(const std::string& name) {
     r.true_cfg_scale = c.value("true_cfg_scale", 1.0);
     r.max_sequence_length = c["max_sequence_length"];
     r.num_frames = c.value("num_frames", 0);
+    if (c.contains("guidance_scale_2") && !c["guidance_scale_2"].is_null()) {
+      r.guidance_scale_2 = c["guidance_scale_2"].get<double>();
+    }
     if (c.contains("input_image")) {
       r.input_images = {xfuser::runner::read_image(dir / c["input_image"].get<std::string>())};
     }
@@ -95,6 +98,21 @@ TEST(PipelineParity, WanTextToVideo) { check_pipeline("wan-t2v-tiny"); }
 // WanImageToVideoPipeline (Wan 2.1 I2V): the picture through CLIPImageProcessor + CLIPVisionModel
 // and, resized with PIL's Lanczos, VAE-encoded as the condition.
 TEST(PipelineParity, WanImageToVideo) { check_pipeline("wan-i2v-tiny"); }
+// Wan 2.2 A14B layouts (diffusers 0.35.2): two experts switched at boundary_ratio, each with its
+// guidance scale; I2V conditions on the VAE-encoded picture without CLIP. The folder (a
+// transformer_2) picks Wan2.2-T2V / Wan2.2-I2V.
+TEST(PipelineParity, Wan22TextToVideoTwoExperts) {
+  const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / "wan22-t2v-tiny";
+  XF_REQUIRE_FIXTURE(folder);
+  EXPECT_EQ(ModelRegistry::for_pipeline_folder(folder).id, "Wan2.2-T2V");
+  check_pipeline("wan22-t2v-tiny");
+}
+TEST(PipelineParity, Wan22ImageToVideoTwoExperts) {
+  const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / "wan22-i2v-tiny";
+  XF_REQUIRE_FIXTURE(folder);
+  EXPECT_EQ(ModelRegistry::for_pipeline_folder(folder).id, "Wan2.2-I2V");
+  check_pipeline("wan22-i2v-tiny");
+}
 
 TEST(PipelineParity, WrongLatentShapeNamesTheLayout) {
   const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / "sd3-tiny";

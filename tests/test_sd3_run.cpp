@@ -152,8 +152,9 @@ TEST_F(Sd3Run, UnknownPipelineClassAndPlannedModelsAreClearErrors) {
             std::string::npos)
       << log;
   EXPECT_NE(log.find("StableDiffusion3Pipeline"), std::string::npos) << log;
-  EXPECT_NE(run_command(bin_ + " --model wan2.2-t2v --prompt x", &log), 0);
-  EXPECT_NE(log.find("(Wan 2.2 text-to-video) is planned but not supported yet"), std::string::npos)
+  EXPECT_NE(run_command(bin_ + " --model hunyuanvideo --prompt x", &log), 0);
+  EXPECT_NE(log.find("(HunyuanVideo (text-to-video)) is planned but not supported yet"),
+            std::string::npos)
       << log;
   // Ids match case-insensitively.
   EXPECT_NE(run_command(bin_ + " --model sd3.5 --prompt x --height 1000 --output_directory " +

@@ -22,6 +22,9 @@ std::optional<T> nullable(const nlohmann::json& j, const std::string& key,
 
 WanConfig WanConfig::from_json(const nlohmann::json& j, const std::string& source) {
   XF_CHECK(j.is_object(), source, ": a WanTransformer3DModel config must be a JSON object");
+  // Wan2.1 FLF2V's learned position embedding of the image tokens is not ported.
+  XF_CHECK(!j.contains("pos_embed_seq_len") || j["pos_embed_seq_len"].is_null(), source,
+           ": pos_embed_seq_len (first-last-frame-to-video) is not supported");
   WanConfig c;
   c.patch_size = cfg<std::vector<int64_t>>(j, "patch_size", c.patch_size, source);
   c.num_attention_heads = cfg<int64_t>(j, "num_attention_heads", c.num_attention_heads, source);

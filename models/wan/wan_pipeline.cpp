@@ -78,13 +78,27 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
     XF_CHECK(fs::is_directory(dir / name), "Wan pipeline folder ", dir.string(), " has no ", name,
              "/ folder (listed in model_index.json)");
   }
-  i2v_ = listed(index, "image_encoder");
-  XF_CHECK(i2v_ == listed(index, "image_processor"), index_path,
-           ": image_encoder and image_processor must be given together (image-to-video) or both "
-           "be absent (text-to-video)");
-  XF_CHECK(!listed(index, "transformer_2"), index_path,
-           " lists a transformer_2 (Wan2.2's low-noise expert), which this release does not run "
-           "yet");
+  i2v_ = index.value("_class_name", "") == "WanImageToVideoPipeline";
+  clip_ = listed(index, "image_encoder");
+  XF_CHECK(clip_ == listed(index, "image_processor"), index_path,
+           ": image_encoder and image_processor must be given together (Wan2.1 image-to-video) "
+           "or both be absent");
+  XF_CHECK(!clip_ || i2v_, index_path, ": an image_encoder in a ", index.value("_class_name", "?"),
+           " folder (only WanImageToVideoPipeline takes one)");
+  // Wan 2.2 A14B: a high-noise expert (transformer) and a low-noise one (transformer_2), switched
+  // at boundary_ratio * num_train_timesteps.
+  two_experts_ = listed(index, "transformer_2");
+  boundary_ratio_.reset();
+  if (two_experts_) {
+    auto it = index.find("boundary_ratio");
+    XF_CHECK(it != index.end() && it->is_number() && it->get<double>() > 0 && it->get<double>() < 1,
+             index_path,
+             " lists a transformer_2 but no boundary_ratio in (0, 1) (the timestep fraction where "
+             "the low-noise expert takes over)");
+    boundary_ratio_ = it->get<double>();
+  }
+  XF_CHECK(!index.value("expand_timesteps", false), index_path,
+           ": expand_timesteps (Wan2.2 TI2V-5B's per-token timesteps) is not supported");
   scheduler_config_ = dir / "scheduler" / "scheduler_config.json";
   scheduler_config(scheduler_config_, std::nullopt);  // fail before any compute
   XF_CHECK(!options.enable_tiling, "--enable_tiling is not supported by the Wan VAE yet");
@@ -93,17 +107,34 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
            "whole on every rank)");
 
   tokenizer_ = tokenizers::load_tokenizer(dir / "tokenizer");
-  load_transformer(dir / "transformer", options, "WanTransformer3DModel");
-  wan_transformer_ = dynamic_cast<WanTransformer3DModel*>(transformer_.get());
-  XF_CHECK(wan_transformer_ != nullptr, (dir / "transformer").string(),
-           " did not load as a WanTransformer3DModel");
+  experts_.clear();
+  for (const char* name : {"transformer", "transformer_2"}) {
+    if (std::string(name) == "transformer_2" && !two_experts_) break;
+    XF_CHECK(fs::is_directory(dir / name), "Wan pipeline folder ", dir.string(), " has no ", name,
+             "/ folder (listed in model_index.json)");
+    load_transformer(dir / name, options, "WanTransformer3DModel");
+    auto* wan = dynamic_cast<WanTransformer3DModel*>(transformer_.get());
+    XF_CHECK(wan != nullptr, (dir / name).string(), " did not load as a WanTransformer3DModel");
+    const auto& c = wan->config();
+    const bool image_attention = c.image_dim.has_value() && c.added_kv_proj_dim.has_value();
+    XF_CHECK(image_attention == clip_, (dir / name).string(),
+             clip_ ? " has no image cross-attention (image_dim / added_kv_proj_dim), which a "
+                     "folder with an image_encoder needs"
+                   : " has image cross-attention (image_dim / added_kv_proj_dim set) but the "
+                     "folder has no image_encoder");
+    if (!experts_.empty()) {
+      const auto& first = experts_.front().second->config();
+      XF_CHECK(c.in_channels == first.in_channels && c.patch_size == first.patch_size &&
+                   c.text_dim == first.text_dim &&
+                   c.resolved_out_channels() == first.resolved_out_channels(),
+               (dir / name).string(),
+               ": the two experts differ in in/out channels, patch size or text width");
+    }
+    experts_.emplace_back(transformer_, wan);
+  }
+  transformer_ = experts_.front().first;
+  wan_transformer_ = experts_.front().second;
   const auto& c = wan_transformer_->config();
-  const bool image_attention = c.image_dim.has_value() && c.added_kv_proj_dim.has_value();
-  XF_CHECK(image_attention == i2v_, (dir / "transformer").string(),
-           i2v_ ? " has no image cross-attention (image_dim / added_kv_proj_dim), which a "
-                  "WanImageToVideoPipeline with an image_encoder needs"
-                : " is an image-to-video transformer (image_dim / added_kv_proj_dim set) in a "
-                  "folder without image_encoder");
   text_encoder_ = load_component((dir / "text_encoder").string(), dtype_);
   XF_CHECK(text_encoder_->class_name() == "UMT5EncoderModel" ||
                text_encoder_->class_name() == "T5EncoderModel",
@@ -125,7 +156,7 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
            want_in, i2v_ ? " (latents, mask and condition)" : "");
   XF_CHECK(c.resolved_out_channels() == z, dir.string(), ": the transformer predicts ",
            c.resolved_out_channels(), " channels, the VAE has z_dim ", z);
-  if (i2v_) {
+  if (clip_) {
     image_processor_ = image::ClipImageProcessorConfig::from_file(
         (dir / "image_processor" / "preprocessor_config.json").string());
     // The Wan model cards load the image encoder in float32 as well.
@@ -161,8 +192,12 @@ std::unique_ptr<XFuserModel::State> WanModel::begin(const GenerationRequest& req
   XF_CHECK(request.max_sequence_length >= 1 && request.max_sequence_length <= 512,
            "--max_sequence_length must be in [1, 512] for ", spec().id, " (got ",
            request.max_sequence_length, ")");
-  XF_CHECK(!request.guidance_scale_2,
+  XF_CHECK(!request.guidance_scale_2 || two_experts_,
            "--guidance_scale_2 is for Wan2.2's two experts; this pipeline has one transformer");
+  XF_CHECK(!two_experts_ || process_groups() == nullptr || process_groups()->config().pp() == 1,
+           spec().id,
+           ": --pipefusion_parallel_degree is not supported with two experts yet (each expert "
+           "would need its own stale K/V across the switch)");
   if (i2v_) {
     XF_CHECK(request.input_images.size() == 1, spec().id,
              " is image-to-video: give its first frame as one --input_images picture (got ",
@@ -259,7 +294,7 @@ void WanModel::encode_prompt(State& base) {
   auto& s = static_cast<WanState&>(base);
   const int msl = s.request.max_sequence_length;
   s.prompt_embeds = embed_prompts(s.request.prompts, msl);
-  if (i2v_) {
+  if (clip_) {
     const int64_t b = static_cast<int64_t>(s.request.prompts.size());
     s.image_embeds =
         encode_image(s.request.input_images[0]).repeat({b, 1, 1}).to(wan_transformer_->dtype());
@@ -307,8 +342,21 @@ void WanModel::denoise_step(State& base, int index) {
     // cat([latents, condition], dim=1): in the token layout the channels are outermost, so the
     // condition's features follow the latents' in every token.
     positive.tokens = at::cat({s.tokens, s.condition}, -1);
-    positive.extra["encoder_hidden_states_image"] = s.image_embeds;
+    if (clip_) positive.extra["encoder_hidden_states_image"] = s.image_embeds;
   }
+  // Wan 2.2: the high-noise expert while t >= boundary_ratio * num_train_timesteps, then the
+  // low-noise one with --guidance_scale_2 (default --guidance_scale).
+  double guidance = s.request.guidance_scale;
+  size_t expert = 0;
+  if (two_experts_) {
+    const double boundary =
+        *boundary_ratio_ * static_cast<double>(s.scheduler->config().num_train_timesteps);
+    if (static_cast<double>(t) < boundary) {
+      expert = 1;
+      guidance = s.request.guidance_scale_2.value_or(s.request.guidance_scale);
+    }
+  }
+  transformer_ = experts_[expert].first;
   // t.expand(B); exact in float32 (t <= 1000).
   positive.timestep = at::full({b}, static_cast<double>(t), s.tokens.options().dtype(at::kFloat));
   dit::DiTInputs negative = positive;
@@ -334,8 +382,8 @@ void WanModel::denoise_step(State& base, int index) {
     }
     return scheduler->step(ordered, t, latents).to(at::kFloat);
   };
-  denoise(s, index, positive, s.do_cfg ? &negative : nullptr, s.request.guidance_scale,
-          /*batched_cfg=*/false, step);
+  denoise(s, index, positive, s.do_cfg ? &negative : nullptr, guidance, /*batched_cfg=*/false,
+          step);
 }
 
 at::Tensor WanModel::tokens_to_latents(const WanState& s) const {
@@ -379,10 +427,16 @@ MemoryEstimate check_wan_run(const fs::path& dir, const RunLayout& run) {
   XF_CHECK(run.num_frames >= 1 && (run.num_frames - 1) % temporal == 0, "--num_frames ",
            run.num_frames, " is not ", temporal, "k + 1 frames, which the Wan VAE needs (",
            vae_folder.config_path, ")");
-  const bool i2v = fs::is_directory(dir / "image_encoder");
+  const nlohmann::json index = read_model_index(dir);
+  const bool i2v = index.value("_class_name", "") == "WanImageToVideoPipeline";
+  const bool clip = listed(index, "image_encoder");
+  const bool two_experts = listed(index, "transformer_2");
   XF_CHECK(!i2v || run.pipefusion == 1,
            "--pipefusion_parallel_degree is not supported for Wan image-to-video yet (",
-           dir.string(), " has an image_encoder)");
+           dir.string(), ")");
+  XF_CHECK(!two_experts || run.pipefusion == 1,
+           "--pipefusion_parallel_degree is not supported with Wan 2.2's two experts yet (",
+           dir.string(), " has a transformer_2)");
   dit::DiTRunTraits t;
   t.family = "Wan";
   t.pixels_per_token = spatial * config.patch_size[1];
@@ -393,7 +447,8 @@ MemoryEstimate check_wan_run(const fs::path& dir, const RunLayout& run) {
       std::to_string(run.guidance_scale) + ")";
   t.max_grid = config.rope_max_seq_len;
   t.components = {"text_encoder", "vae"};
-  if (i2v) t.components.push_back("image_encoder");
+  if (clip) t.components.push_back("image_encoder");
+  if (two_experts) t.components.push_back("transformer_2");
   t.latent_frames = ((run.num_frames - 1) / temporal + 1) / config.patch_size[0];
   int64_t widest = 0;
   for (int64_t m : vae.dim_mult) widest = std::max(widest, m * vae.base_dim);
@@ -478,7 +533,33 @@ std::vector<ModelSpec> model_specs() {
     return ensure_cached_pipeline("tiny-wan-i2v-v1-seed0",
                                   [](const fs::path& dir) { write_tiny_wan_i2v(dir, 0); });
   };
-  return {t2v, i2v, tiny, tiny_i2v};
+  // Wan 2.1 and 2.2 share the pipeline classes: a folder with a transformer_2 is Wan 2.2's.
+  auto one_expert = [](const nlohmann::json& index) { return !listed(index, "transformer_2"); };
+  auto two_experts = [](const nlohmann::json& index) { return listed(index, "transformer_2"); };
+  t2v.folder_match = i2v.folder_match = one_expert;
+
+  ModelSpec t2v_22 = t2v;
+  t2v_22.id = "Wan2.2-T2V";
+  t2v_22.aliases = {"Wan-AI/Wan2.2-T2V-A14B-Diffusers", "Wan2.2-T2V-A14B"};
+  t2v_22.hf_repo = "Wan-AI/Wan2.2-T2V-A14B-Diffusers";
+  t2v_22.options.insert("--guidance_scale_2");
+  t2v_22.parallelism.pipefusion = false;
+  t2v_22.description =
+      "Wan 2.2 text-to-video A14B: a high-noise and a low-noise 14B expert switched at the "
+      "folder's boundary_ratio, each with its guidance (--guidance_scale, --guidance_scale_2); "
+      "MP4 output";
+  t2v_22.folder_match = two_experts;
+
+  ModelSpec i2v_22 = i2v;
+  i2v_22.id = "Wan2.2-I2V";
+  i2v_22.aliases = {"Wan-AI/Wan2.2-I2V-A14B-Diffusers", "Wan2.2-I2V-A14B"};
+  i2v_22.hf_repo = "Wan-AI/Wan2.2-I2V-A14B-Diffusers";
+  i2v_22.options.insert("--guidance_scale_2");
+  i2v_22.description =
+      "Wan 2.2 image-to-video A14B: two experts as Wan2.2-T2V, the first frame as a VAE-encoded "
+      "condition (no CLIP); MP4 output";
+  i2v_22.folder_match = two_experts;
+  return {t2v, i2v, t2v_22, i2v_22, tiny, tiny_i2v};
 }
 
 }  // namespace xfuser::models::wan

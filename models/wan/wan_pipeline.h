@@ -32,6 +32,8 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "models/dit/dit_pipeline.h"
@@ -87,8 +89,15 @@ class WanModel : public dit::DiTPipeline {
   std::shared_ptr<Component> text_encoder_;           // UMT5EncoderModel
   std::unique_ptr<tokenizers::Tokenizer> tokenizer_;
   std::shared_ptr<AutoencoderKLWan> wan_vae_;
-  // Image-to-video (the folder has an image_encoder): the CLIP vision tower and its processor.
+  // Image-to-video (WanImageToVideoPipeline): the first frame as a VAE-encoded condition; with
+  // Wan 2.1 also as CLIP image context (the folder has an image_encoder: clip_).
   bool i2v_ = false;
+  bool clip_ = false;
+  // Wan 2.2 A14B: transformer (high noise) and transformer_2 (low noise) with their typed views,
+  // switched at boundary_ratio * num_train_timesteps; one expert otherwise.
+  bool two_experts_ = false;
+  std::optional<double> boundary_ratio_;
+  std::vector<std::pair<std::shared_ptr<dit::DiTTransformer>, WanTransformer3DModel*>> experts_;
   std::shared_ptr<Component> image_encoder_;
   image::ClipImageProcessorConfig image_processor_;
   std::filesystem::path scheduler_config_;

@@ -104,6 +104,9 @@ nlohmann::json read_model_index(const fs::path& dir) {
            index.type_name());
   for (const auto& [key, value] : index.items()) {
     if (!key.empty() && key[0] == '_') continue;
+    // Pipeline config values registered beside the components (Wan 2.2's boundary_ratio and
+    // expand_timesteps, SDXL's force_zeros_for_empty_prompt) are numbers and booleans.
+    if (value.is_number() || value.is_boolean() || value.is_null()) continue;
     const bool pair = value.is_array() && value.size() == 2 &&
                       ((value[0].is_string() && value[1].is_string()) ||
                        (value[0].is_null() && value[1].is_null()));
