@@ -204,6 +204,42 @@ TEST_F(WanRun, ImageToVideoFromAPictureFileEqualsDiffusersUnderEveryLayout) {
   EXPECT_NE(log.find("missing.png"), std::string::npos) << log;
 }
 
+TEST_F(WanRun, EveryMakeTinyLayoutRunsAsItsModel) {
+  // make-tiny's four Wan layouts run from --model_path alone as the model their folder is.
+  const std::string tool = (xfuser::testing::binary_dir() / "bin" / "xfuser").string();
+  const fs::path picture = pipelines_ / "wan-i2v-tiny.ref" / "cfg_negative" / "input.png";
+  XF_REQUIRE_FIXTURE(picture);
+  struct Arch {
+    std::string arch, model, flags;
+  };
+  const std::vector<Arch> archs = {
+      {"wan-t2v", "Wan2.1-T2V", ""},
+      {"wan-i2v", "Wan2.1-I2V", " --input_images " + picture.string()},
+      {"wan22-t2v", "Wan2.2-T2V", " --guidance_scale 4 --guidance_scale_2 3"},
+      {"wan22-i2v", "Wan2.2-I2V", " --guidance_scale_2 2 --input_images " + picture.string()},
+  };
+  for (const auto& a : archs) {
+    SCOPED_TRACE(a.arch);
+    TempDir dir;
+    std::string log;
+    ASSERT_EQ(run_command(
+                  tool + " make-tiny --arch " + a.arch + " --out " + (dir / "pipe").string(), &log),
+              0)
+        << log;
+    ASSERT_EQ(run_command(bin_ + " --model_path " + (dir / "pipe").string() +
+                              " --prompt 'a cat' --height 32 --width 48 --num_frames 5" +
+                              " --num_inference_steps 3 --flow_shift 12 --dtype fp32" +
+                              " --max_sequence_length 16 --output_directory " +
+                              (dir / "out").string() + a.flags,
+                          &log),
+              0)
+        << log;
+    const fs::path video = dir / "out" / (a.model + "_u1r1_tc_False_32x48_0.mp4");
+    ASSERT_TRUE(fs::exists(video)) << log;
+    EXPECT_EQ(xfuser::runner::read_video_info(video).frames, 5);
+  }
+}
+
 TEST_F(WanRun, FrameCountsAndVideoFlagsAreCheckedNamingTheFlag) {
   TempDir out;
   std::string log;

@@ -21,7 +21,15 @@ void register_family() {
       {"wan-i2v",
        "Wan 2.1 image-to-video: wan-t2v plus a CLIPVisionModel image encoder and its processor, "
        "a transformer with image cross-attention and 36 input channels",
-       [](const std::filesystem::path& dir, uint64_t seed) { write_tiny_wan_i2v(dir, seed); }}};
+       [](const std::filesystem::path& dir, uint64_t seed) { write_tiny_wan_i2v(dir, seed); }},
+      {"wan22-t2v",
+       "Wan 2.2 A14B text-to-video: wan-t2v with two experts (transformer, transformer_2) and "
+       "boundary_ratio 0.875",
+       [](const std::filesystem::path& dir, uint64_t seed) { write_tiny_wan22_t2v(dir, seed); }},
+      {"wan22-i2v",
+       "Wan 2.2 A14B image-to-video: two experts, boundary_ratio 0.9, the first frame as a "
+       "VAE-encoded condition without CLIP (36 input channels)",
+       [](const std::filesystem::path& dir, uint64_t seed) { write_tiny_wan22_i2v(dir, seed); }}};
   FamilyRegistry::add(std::move(family));
 }
 

@@ -29,8 +29,11 @@ json read_json(const fs::path& path) {
 
 namespace {
 
-void write(const fs::path& out, uint64_t seed, bool i2v) {
-  XF_CONTEXT("writing the tiny Wan 2.1 ", i2v ? "I2V" : "T2V", " pipeline to ", out.string());
+// Wan 2.1 (one transformer; I2V with CLIP) or Wan 2.2 A14B (two experts; I2V without CLIP).
+void write(const fs::path& out, uint64_t seed, bool i2v, bool wan22) {
+  XF_CONTEXT("writing the tiny Wan ", wan22 ? "2.2" : "2.1", i2v ? " I2V" : " T2V", " pipeline to ",
+             out.string());
+  const bool clip = i2v && !wan22;
   register_builtin_components();
   std::error_code ec;
   if (fs::exists(out, ec)) {
@@ -58,7 +61,13 @@ void write(const fs::path& out, uint64_t seed, bool i2v) {
                 {"transformer", {"diffusers", "WanTransformer3DModel"}},
                 {"vae", {"diffusers", "AutoencoderKLWan"}}};
   constexpr int64_t kVision = 32, kInner = 64;
-  if (i2v) {
+  if (wan22) {
+    index["transformer_2"] = {"diffusers", "WanTransformer3DModel"};
+    // Wan2.2-T2V-A14B's and Wan2.2-I2V-A14B's model_index.json.
+    index["boundary_ratio"] = i2v ? 0.9 : 0.875;
+    index["expand_timesteps"] = false;
+  }
+  if (clip) {
     index["image_encoder"] = {"transformers", "CLIPVisionModel"};
     index["image_processor"] = {"transformers", "CLIPImageProcessor"};
     // 32x32 pixels in 2x2 patches: 256 + 1 tokens, the 257 image tokens Wan's attention takes.
@@ -147,12 +156,16 @@ void write(const fs::path& out, uint64_t seed, bool i2v) {
                       {"qk_norm", "rms_norm_across_heads"},
                       {"eps", 1e-6},
                       {"rope_max_seq_len", 1024}};
-  if (i2v) {
+  if (clip) {
     transformer["image_dim"] = kVision;
     transformer["added_kv_proj_dim"] = kInner;
   }
   write_random_component(out / "transformer", transformer, "diffusion_pytorch_model.safetensors",
                          seed + 2);
+  if (wan22) {
+    write_random_component(out / "transformer_2", transformer,
+                           "diffusion_pytorch_model.safetensors", seed + 5);
+  }
   write_random_component(out / "vae",
                          {{"_class_name", "AutoencoderKLWan"},
                           {"_diffusers_version", "0.33.1"},
@@ -174,8 +187,12 @@ void write(const fs::path& out, uint64_t seed, bool i2v) {
 
 }  // namespace
 
-void write_tiny_wan_t2v(const fs::path& dir, uint64_t seed) { write(dir, seed, false); }
+void write_tiny_wan_t2v(const fs::path& dir, uint64_t seed) { write(dir, seed, false, false); }
 
-void write_tiny_wan_i2v(const fs::path& dir, uint64_t seed) { write(dir, seed, true); }
+void write_tiny_wan_i2v(const fs::path& dir, uint64_t seed) { write(dir, seed, true, false); }
+
+void write_tiny_wan22_t2v(const fs::path& dir, uint64_t seed) { write(dir, seed, false, true); }
+
+void write_tiny_wan22_i2v(const fs::path& dir, uint64_t seed) { write(dir, seed, true, true); }
 
 }  // namespace xfuser::models::wan

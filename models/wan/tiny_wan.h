@@ -15,5 +15,9 @@ void write_tiny_wan_t2v(const std::filesystem::path& dir, uint64_t seed);
 // image tokens), its CLIPImageProcessor, and a transformer with image cross-attention and 36
 // input channels (latents, mask, condition).
 void write_tiny_wan_i2v(const std::filesystem::path& dir, uint64_t seed);
+// Wan 2.2 A14B layouts: a transformer_2 (the low-noise expert, its own weights) and the
+// boundary_ratio of the real folders (0.875 T2V, 0.9 I2V); I2V without CLIP (36 channels).
+void write_tiny_wan22_t2v(const std::filesystem::path& dir, uint64_t seed);
+void write_tiny_wan22_i2v(const std::filesystem::path& dir, uint64_t seed);
 
 }  // namespace xfuser::models::wan
