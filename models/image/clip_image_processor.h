@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -60,5 +61,22 @@ std::pair<int64_t, int64_t> clip_resize_output_size(const ClipImageProcessorConf
 // images: uint8 [H, W, 3] each (sizes may differ). Returns pixel_values float32 [B, 3, h, w].
 at::Tensor preprocess(const ClipImageProcessorConfig& config,
                       const std::vector<at::Tensor>& images);
+
+// The processor as a value: ClipImageProcessor::from_file(".../image_processor/
+// preprocessor_config.json").preprocess({image}) -> pixel_values.
+class ClipImageProcessor {
+ public:
+  explicit ClipImageProcessor(ClipImageProcessorConfig config) : config_(std::move(config)) {}
+  static ClipImageProcessor from_file(const std::string& path) {
+    return ClipImageProcessor(ClipImageProcessorConfig::from_file(path));
+  }
+  const ClipImageProcessorConfig& config() const { return config_; }
+  at::Tensor preprocess(const std::vector<at::Tensor>& images) const {
+    return image::preprocess(config_, images);
+  }
+
+ private:
+  ClipImageProcessorConfig config_;
+};
 
 }  // namespace xfuser::models::image

@@ -122,6 +122,9 @@ TensorMap ClipVisionModel::call(const std::string& method, const TensorMap& inpu
            px.defined() ? px.sizes() : at::IntArrayRef{});
   XF_CHECK(at::isFloatingType(px.scalar_type()), name,
            ": pixel_values must be a floating-point tensor, got ", px.scalar_type());
+  const auto& weights = named_parameters().front().second->tensor;
+  XF_CHECK(!weights.defined() || weights.device() == px.device(), name, ": pixel_values are on ",
+           px.device(), " but the weights on ", weights.device());
   auto out = vision_model_->forward(px);
   TensorMap result{{"last_hidden_state", out.last_hidden_state},
                    {"hidden_states_penultimate", out.penultimate}};
