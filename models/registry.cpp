@@ -55,8 +55,6 @@ const std::vector<Planned>& planned_models() {
        "Stable Diffusion 3 / 3.5 (text-to-image)"},
       {{"HunyuanVideo", "tencent/HunyuanVideo"}, "HunyuanVideo (text-to-video)"},
       {{"HunyuanVideo-1.5", "tencent/HunyuanVideo-1.5"}, "HunyuanVideo-1.5 (text/image-to-video)"},
-      {{"FLUX.1-Kontext-dev", "black-forest-labs/FLUX.1-Kontext-dev"},
-       "FLUX.1-Kontext (image editing)"},
       {{"FLUX.2-dev", "black-forest-labs/FLUX.2-dev"}, "FLUX.2 [dev] (text-to-image, editing)"},
   };
   return planned;

@@ -276,6 +276,19 @@ ResolvedArgs Runner::preprocess_args() const {
            c.negative_prompt.size());
 
   const auto& d = spec.defaults;
+  // The pictures, read once (errors name the file).
+  std::vector<at::Tensor> pictures;
+  for (const auto& file : c.input_images) pictures.push_back(read_image(file));
+  if (spec.task == models::Task::kImageToImage && !c.height && !c.width && !pictures.empty()) {
+    // Editing models: the output keeps the picture's aspect ratio at the default area (as
+    // FluxKontextPipeline's max_area rule), sides rounded down to multiples of 16.
+    const double aspect = static_cast<double>(pictures[0].size(1)) / pictures[0].size(0);
+    const double area = static_cast<double>(d.height) * d.width;
+    c.width =
+        std::max<int>(16, static_cast<int>(std::nearbyint(std::sqrt(area * aspect))) / 16 * 16);
+    c.height =
+        std::max<int>(16, static_cast<int>(std::nearbyint(std::sqrt(area / aspect))) / 16 * 16);
+  }
   c.height = c.height.value_or(d.height);
   c.width = c.width.value_or(d.width);
   c.num_inference_steps = c.num_inference_steps.value_or(d.num_inference_steps);
@@ -410,7 +423,7 @@ ResolvedArgs Runner::preprocess_args() const {
   r.num_frames = c.num_frames.value_or(0);
   r.flow_shift = c.flow_shift;
   r.guidance_scale_2 = c.guidance_scale_2;
-  for (const auto& file : c.input_images) r.input_images.push_back(read_image(file));
+  r.input_images = std::move(pictures);
   r.num_pipeline_patch = c.num_pipeline_patch;
   r.pipefusion_warmup_steps = c.pipefusion_warmup_steps;
   return args;

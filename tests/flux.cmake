@@ -2,3 +2,5 @@
 xfuser_add_test(test_attention.cpp)
 xfuser_add_test(test_flux_transformer.cpp LABELS unit fixture)
 xfuser_add_test(test_forward_tool.cpp LABELS unit fixture)
+# FLUX.1-Kontext against diffusers' FluxKontextPipeline (a ~1 MP reference encode: not a unit test).
+xfuser_add_test(test_kontext.cpp TIMEOUT 600 LABELS fixture)

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "models/flux/flux_pipeline.h"
 #include "models/registry.h"
 #include "models/weights/safetensors.h"
 #include "models/xfuser_model.h"
@@ -22,72 +23,7 @@ namespace fs = std::filesystem;
 using xfuser::models::GenerationRequest;
 using xfuser::models::ModelRegistry;
 
-std::vector<std::string> strings(const nlohmann::json& j) {
-  if (j.is_null()) return {};
-  if (j.is_string()) return {j.get<std::string>()};
-  return j.get<std::vector<std::string>>();
-}
-
-// Runs every reference case under tests/fixtures/pipelines/<name>.ref/ on pipelines/<name>/.
-void check_pipeline(const std::string& name) {
-  const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / name;
-  const fs::path refs = xfuser::testing::fixtures_dir() / "pipelines" / (name + ".ref");
-  XF_REQUIRE_FIXTURE(folder);
-  XF_REQUIRE_FIXTURE(refs);
-  const auto& spec = ModelRegistry::for_pipeline_folder(folder);
-  auto model = spec.create(spec);
-  model->load(folder, {});  // fp32
-  int cases = 0;
-  for (const auto& entry : fs::directory_iterator(refs)) {
-    const fs::path dir = entry.path();
-    SCOPED_TRACE(dir.string());
-    std::ifstream in(dir / "case.json");
-    const auto c = nlohmann::json::parse(in);
-    GenerationRequest r;
-    r.prompts = strings(c["prompt"]);
-    const auto negatives = strings(c["negative_prompt"]);
-    for (size_t i = 0; i < r.prompts.size() && !negatives.empty(); ++i) {
-      r.negative_prompts.push_back(negatives.size() == 1 ? negatives[0] : negatives[i]);
-    }
-    r.height = c["height"];
-    r.width = c["width"];
-    r.num_inference_steps = c["num_inference_steps"];
-    r.guidance_scale = c["guidance_scale"];
-    r.true_cfg_scale = c.value("true_cfg_scale", 1.0);
-    r.max_sequence_length = c["max_sequence_length"];
-    r.num_frames = c.value("num_frames", 0);
-    if (c.contains("guidance_scale_2") && !c["guidance_scale_2"].is_null()) {
-      r.guidance_scale_2 = c["guidance_scale_2"].get<double>();
-    }
-    if (c.contains("input_image")) {
-      r.input_images = {xfuser::runner::read_image(dir / c["input_image"].get<std::string>())};
-    }
-    r.seeds.assign(r.prompts.size(), 0);  // unused: the latents are given
-    r.latents = xfuser::models::SafetensorsFile((dir / "latents.safetensors").string())
-                    .get("latents")
-                    .clone();
-    const auto out = model->generate(r);
-    const at::Tensor want =
-        xfuser::models::SafetensorsFile((dir / "final.safetensors").string()).get("latents");
-    // The run reports the latents it started from, in the pipeline's own layout.
-    EXPECT_TRUE(at::equal(out.initial_latents, r.latents));
-    ASSERT_EQ(out.latents.sizes(), want.sizes());
-    const double rel = xfuser::testing::max_rel_error(out.latents, want);
-    EXPECT_LE(rel, 1e-4) << "final latents vs diffusers";
-    std::printf("%s/%s: final latents rel %.2e\n", name.c_str(), dir.filename().string().c_str(),
-                rel);
-    if (fs::exists(dir / "image.safetensors")) {
-      const at::Tensor image =
-          xfuser::models::SafetensorsFile((dir / "image.safetensors").string()).get("image");
-      const at::Tensor ref = (image * 255).round().to(at::kInt);  // [B, (F,) H, W, 3]
-      ASSERT_EQ(out.images.sizes(), ref.sizes());
-      const int diff = (out.images.to(at::kInt) - ref).abs().max().item<int>();
-      EXPECT_LE(diff, 1) << "decoded image vs diffusers (levels of 255)";
-    }
-    ++cases;
-  }
-  EXPECT_GT(cases, 0) << "no reference cases under " << refs;
-}
+using xfuser::testing::check_pipeline;
 
 TEST(PipelineParity, StableDiffusion3) { check_pipeline("sd3-tiny"); }
 TEST(PipelineParity, StableDiffusion3WithoutT5) { check_pipeline("sd3-tiny-no-t5"); }
@@ -112,6 +48,24 @@ TEST(PipelineParity, Wan22ImageToVideoTwoExperts) {
   XF_REQUIRE_FIXTURE(folder);
   EXPECT_EQ(ModelRegistry::for_pipeline_folder(folder).id, "Wan2.2-I2V");
   check_pipeline("wan22-i2v-tiny");
+}
+
+// FluxKontextPipeline (diffusers 0.35.2): the picture auto-resized to 1456x720, VAE-encoded,
+// its tokens joined to the generated ones; one and two prompts, distilled guidance and true CFG.
+TEST(PipelineParity, FluxKontext) { check_pipeline("kontext-tiny"); }
+
+TEST(PipelineParity, KontextPreferredResolutionsAndOutputSizeAsDiffusers) {
+  using xfuser::models::flux::FluxModel;
+  using Size = std::pair<int64_t, int64_t>;
+  // (height, width) of the picture -> the preferred resolution (height, width), computed by
+  // diffusers 0.35.2's min((abs(aspect - w / h), w, h) for w, h in PREFERRED_...) after
+  // get_default_height_width's multiples of 16.
+  EXPECT_EQ(FluxModel::kontext_resolution(45, 70), Size(720, 1456));
+  EXPECT_EQ(FluxModel::kontext_resolution(1000, 1000), Size(1024, 1024));
+  EXPECT_EQ(FluxModel::kontext_resolution(1920, 1080), Size(1392, 752));
+  EXPECT_EQ(FluxModel::kontext_resolution(100, 700), Size(672, 1568));
+  EXPECT_EQ(FluxModel::kontext_output_size(48, 80, 48 * 80), Size(48, 80));
+  EXPECT_EQ(FluxModel::kontext_output_size(768, 1360, 1024 * 1024), Size(768, 1360));
 }
 
 TEST(PipelineParity, WrongLatentShapeNamesTheLayout) {

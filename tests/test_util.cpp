@@ -7,12 +7,18 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
+#include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "models/registry.h"
 #include "models/weights/safetensors.h"
+#include "models/xfuser_model.h"
+#include "runner/image_input.h"
 #include "runner/outputs.h"
 
 namespace xfuser::testing {
@@ -106,6 +112,77 @@ void expect_error_containing(const std::function<void()>& fn,
           << "'" << n << "' not in: " << e.what();
     }
   }
+}
+
+namespace {
+
+std::vector<std::string> strings(const nlohmann::json& j) {
+  if (j.is_null()) return {};
+  if (j.is_string()) return {j.get<std::string>()};
+  return j.get<std::vector<std::string>>();
+}
+
+}  // namespace
+
+void check_pipeline(const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path folder = fixtures_dir() / "pipelines" / name;
+  const fs::path refs = fixtures_dir() / "pipelines" / (name + ".ref");
+  XF_REQUIRE_FIXTURE(folder);
+  XF_REQUIRE_FIXTURE(refs);
+  const auto& spec = models::ModelRegistry::for_pipeline_folder(folder);
+  auto model = spec.create(spec);
+  model->load(folder, {});  // fp32
+  int cases = 0;
+  for (const auto& entry : fs::directory_iterator(refs)) {
+    const fs::path dir = entry.path();
+    SCOPED_TRACE(dir.string());
+    std::ifstream in(dir / "case.json");
+    const auto c = nlohmann::json::parse(in);
+    models::GenerationRequest r;
+    r.prompts = strings(c["prompt"]);
+    const auto negatives = strings(c["negative_prompt"]);
+    for (size_t i = 0; i < r.prompts.size() && !negatives.empty(); ++i) {
+      r.negative_prompts.push_back(negatives.size() == 1 ? negatives[0] : negatives[i]);
+    }
+    r.height = c["height"];
+    r.width = c["width"];
+    r.num_inference_steps = c["num_inference_steps"];
+    r.guidance_scale = c["guidance_scale"];
+    r.true_cfg_scale = c.value("true_cfg_scale", 1.0);
+    r.max_sequence_length = c["max_sequence_length"];
+    r.num_frames = c.value("num_frames", 0);
+    if (c.contains("guidance_scale_2") && !c["guidance_scale_2"].is_null()) {
+      r.guidance_scale_2 = c["guidance_scale_2"].get<double>();
+    }
+    if (c.contains("input_image")) {
+      r.input_images = {xfuser::runner::read_image(dir / c["input_image"].get<std::string>())};
+    }
+    r.seeds.assign(r.prompts.size(), 0);  // unused: the latents are given
+    r.latents = xfuser::models::SafetensorsFile((dir / "latents.safetensors").string())
+                    .get("latents")
+                    .clone();
+    const auto out = model->generate(r);
+    const at::Tensor want =
+        xfuser::models::SafetensorsFile((dir / "final.safetensors").string()).get("latents");
+    // The run reports the latents it started from, in the pipeline's own layout.
+    EXPECT_TRUE(at::equal(out.initial_latents, r.latents));
+    ASSERT_EQ(out.latents.sizes(), want.sizes());
+    const double rel = max_rel_error(out.latents, want);
+    EXPECT_LE(rel, 1e-4) << "final latents vs diffusers";
+    std::printf("%s/%s: final latents rel %.2e\n", name.c_str(), dir.filename().string().c_str(),
+                rel);
+    if (fs::exists(dir / "image.safetensors")) {
+      const at::Tensor image =
+          xfuser::models::SafetensorsFile((dir / "image.safetensors").string()).get("image");
+      const at::Tensor ref = (image * 255).round().to(at::kInt);  // [B, (F,) H, W, 3]
+      ASSERT_EQ(out.images.sizes(), ref.sizes());
+      const int diff = (out.images.to(at::kInt) - ref).abs().max().item<int>();
+      EXPECT_LE(diff, 1) << "decoded image vs diffusers (levels of 255)";
+    }
+    ++cases;
+  }
+  EXPECT_GT(cases, 0) << "no reference cases under " << refs;
 }
 
 }  // namespace xfuser::testing

@@ -53,6 +53,13 @@ nlohmann::json read_json(const std::filesystem::path& path);
 // Every tensor of a safetensors file, copied out of the mapping.
 std::map<std::string, at::Tensor> read_tensors(const std::filesystem::path& path);
 
+// Runs every reference case under tests/fixtures/pipelines/<name>.ref/ (case.json: the call's
+// arguments; latents.safetensors: diffusers' initial latents; final.safetensors: its final ones;
+// image.safetensors: its decoded output; input.png: the picture, if any) on the folder
+// pipelines/<name>/ (the model from its model_index.json), fp32: the final latents within 1e-4
+// relative and the decoded pixels within 1 level (gtest failures).
+void check_pipeline(const std::string& name);
+
 // Fails unless `fn` throws an xfuser::Error whose text contains every needle.
 void expect_error_containing(const std::function<void()>& fn,
                              const std::vector<std::string>& needles);

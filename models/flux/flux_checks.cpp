@@ -2,9 +2,13 @@
 // token size (2x2 packing of the VAE latents), text length, true-CFG rule and components.
 #include "models/flux/flux_checks.h"
 
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
 #include "models/dit/dit_checks.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/weights/component_folder.h"
+#include "models/weights/hub_cache.h"
 
 namespace xfuser::models::flux {
 namespace fs = std::filesystem;
@@ -23,6 +27,14 @@ MemoryEstimate check_flux_run(const fs::path& dir, const RunLayout& run) {
       "ranks)";
   t.components = {"text_encoder", "text_encoder_2", "vae"};
   t.blocks_what = "double + single";
+  if (read_model_index(dir).value("_class_name", "") == "FluxKontextPipeline") {
+    XF_CHECK(
+        run.pipefusion == 1,
+        "--pipefusion_parallel_degree is not supported for FLUX.1-Kontext yet (", dir.string(),
+        "): PipeFusion's patches carry the generated tokens only, not the reference picture's");
+    // The reference picture's tokens join the sequence: ~1 MP at 16 pixels a token.
+    t.text_tokens += (1024 / 16) * (1024 / 16);
+  }
   return dit::check_dit_run(dir, run, t);
 }
 

@@ -1,5 +1,6 @@
 #include "models/flux/flux_pipeline.h"
 
+#include <cmath>
 #include <fstream>
 
 #include <ATen/ATen.h>
@@ -11,6 +12,7 @@
 #include "models/flux/flux_parallel.h"
 #include "models/flux/flux_pipefusion.h"
 #include "models/flux/flux_transformer.h"
+#include "models/image/pil_resize.h"
 #include "models/schedulers/flow_match_euler.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/vae/autoencoder_kl.h"
@@ -30,7 +32,10 @@ struct FluxModel::FluxState : DiTState {
   at::Tensor text_ids;   // [L, 3]
   at::Tensor image_ids;  // [N, 3]
   // DiTState::tokens: the packed latents [B, N, 64]
-  at::Tensor guidance;   // [B] float32, or undefined
+  at::Tensor guidance;  // [B] float32, or undefined
+  // Kontext: the reference picture's packed latents [B, M, 64] and ids [M, 3] (first axis 1).
+  at::Tensor reference_tokens;
+  at::Tensor reference_ids;
   int64_t latent_h = 0;  // unpacked latent height (2 * (H // 16))
   int64_t latent_w = 0;
   bool do_true_cfg = false;
@@ -68,11 +73,46 @@ at::Tensor FluxModel::latent_image_ids(int64_t half_h, int64_t half_w,
   return ids.reshape({half_h * half_w, 3}).to(options.dtype().toScalarType());
 }
 
+std::pair<int64_t, int64_t> FluxModel::kontext_resolution(int64_t height, int64_t width) {
+  // PREFERRED_KONTEXT_RESOLUTIONS as (width, height).
+  static constexpr int64_t kPreferred[][2] = {
+      {672, 1568}, {688, 1504}, {720, 1456},  {752, 1392}, {800, 1328}, {832, 1248},
+      {880, 1184}, {944, 1104}, {1024, 1024}, {1104, 944}, {1184, 880}, {1248, 832},
+      {1328, 800}, {1392, 752}, {1456, 720},  {1504, 688}, {1568, 672}};
+  // image_processor.get_default_height_width: the sides rounded down to multiples of the image
+  // processor's vae_scale_factor, which FLUX's pipelines set to twice the VAE's (16).
+  const int64_t h = height - height % 16, w = width - width % 16;
+  XF_CHECK(h > 0 && w > 0, "--input_images: a ", height, "x", width,
+           " picture is too small for FLUX.1-Kontext (at least 16x16 pixels)");
+  const double aspect = static_cast<double>(w) / static_cast<double>(h);
+  // min((abs(aspect - w / h), w, h)): ties go to the smaller width.
+  const int64_t* best = nullptr;
+  double best_diff = 0;
+  for (const auto& r : kPreferred) {
+    const double diff = std::abs(aspect - static_cast<double>(r[0]) / static_cast<double>(r[1]));
+    if (!best || diff < best_diff || (diff == best_diff && r[0] < best[0])) {
+      best = r;
+      best_diff = diff;
+    }
+  }
+  return {best[1] / 16 * 16, best[0] / 16 * 16};
+}
+
+std::pair<int64_t, int64_t> FluxModel::kontext_output_size(int64_t height, int64_t width,
+                                                           double max_area) {
+  const double aspect = static_cast<double>(width) / static_cast<double>(height);
+  // Python's round(): half to even, as std::nearbyint in the default rounding mode.
+  const int64_t w = static_cast<int64_t>(std::nearbyint(std::sqrt(max_area * aspect)));
+  const int64_t h = static_cast<int64_t>(std::nearbyint(std::sqrt(max_area / aspect)));
+  return {h / 16 * 16, w / 16 * 16};
+}
+
 void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& options) {
   register_builtin_components();
   dtype_ = options.dtype;
   {
     const nlohmann::json index = read_model_index(dir);
+    kontext_ = index.value("_class_name", "") == "FluxKontextPipeline";
     for (const char* name : {"scheduler", "text_encoder", "text_encoder_2", "tokenizer",
                              "tokenizer_2", "transformer", "vae"}) {
       XF_CHECK(index.contains(name), (dir / "model_index.json").string(), " lists no '", name,
@@ -112,6 +152,20 @@ std::unique_ptr<XFuserModel::State> FluxModel::begin(const GenerationRequest& re
   XF_CHECK(request.max_sequence_length >= 1 && request.max_sequence_length <= 512,
            "--max_sequence_length must be in [1, 512] for ", spec().id, " (got ",
            request.max_sequence_length, ")");
+  if (kontext_) {
+    XF_CHECK(request.input_images.size() == 1, spec().id,
+             " edits a picture: give it as one --input_images (got ", request.input_images.size(),
+             ")");
+    const at::Tensor& image = request.input_images[0];
+    XF_CHECK(image.dim() == 3 && image.size(2) == 3 && image.scalar_type() == at::kByte,
+             "--input_images: the picture must be uint8 [H, W, 3] RGB, got ", image.sizes(), " ",
+             image.scalar_type());
+    XF_CHECK(!process_groups() || process_groups()->config().pp() == 1, spec().id,
+             ": --pipefusion_parallel_degree is not supported with a reference picture yet");
+  } else {
+    XF_CHECK(request.input_images.empty(), spec().id,
+             " is text-to-image: it takes no --input_images");
+  }
   auto state = std::make_unique<FluxState>();
   state->request = request;
   state->do_true_cfg = request.true_cfg_scale > 1.0 && !request.negative_prompts.empty();
@@ -176,6 +230,20 @@ void FluxModel::prepare_latents(State& base) {
     // np.linspace(1.0, 1 / n, n)
     sigmas[i] = n == 1 ? 1.0 : 1.0 + (1.0 / n - 1.0) * static_cast<double>(i) / (n - 1);
   }
+  if (kontext_) {
+    // The reference picture: auto-resized, VAE-encoded, packed; ids (1, row, col).
+    const at::Tensor& picture = req.input_images[0];
+    const auto [rh, rw] = kontext_resolution(picture.size(0), picture.size(1));
+    const at::Tensor resized = image::pil_resize(picture.cpu(), rw, rh, image::PilFilter::kLanczos);
+    at::Tensor x = resized.to(options.device()).to(at::kFloat).div(255.0).mul(2.0).sub(1.0);
+    x = x.permute({2, 0, 1}).unsqueeze(0).to(vae_->dtype());  // [1, 3, rh, rw]
+    const auto& vc = vae_->config();
+    at::Tensor z = vae_->encode(x).mode();  // sample_mode="argmax"
+    z = ((z - vc.shift_factor.value_or(0.0)) * vc.scaling_factor).to(dtype_);
+    s.reference_tokens = pack_latents(z).repeat({b, 1, 1});
+    s.reference_ids = latent_image_ids(z.size(2) / 2, z.size(3) / 2, options);
+    s.reference_ids.select(1, 0).fill_(1);
+  }
   const double mu = s.scheduler->calculate_shift(s.tokens.size(1));
   s.scheduler->set_timesteps(n, sigmas, mu);
   if (flux_transformer_->config().guidance_embeds) {
@@ -201,7 +269,10 @@ void FluxModel::denoise_step(State& base, int index) {
   in.img_ids = s.image_ids;
   in.txt_ids = s.text_ids;
   in.guidance = s.guidance;
+  if (kontext_) in.img_ids = at::cat({s.image_ids, s.reference_ids}, 0);
   dit::DiTInputs positive = FluxTransformer2DModel::to_dit(in);
+  // Kontext: cat([latents, image_latents], dim=1) as the transformer's tokens.
+  if (kontext_) positive.tokens = at::cat({s.tokens, s.reference_tokens}, 1);
   dit::DiTInputs negative = positive;
   if (s.do_true_cfg) {
     negative.text = s.negative_prompt_embeds;
@@ -210,7 +281,10 @@ void FluxModel::denoise_step(State& base, int index) {
   const auto latents_dtype = s.tokens.scalar_type();
   auto step = [&s, index, latents_dtype](const at::Tensor& noise, const at::Tensor& latents,
                                          const dit::TokenRange&) {
-    return s.scheduler->step(noise, index, latents).to(latents_dtype);
+    // noise_pred[:, :latents.size(1)]: the reference tokens' outputs are dropped.
+    const at::Tensor generated =
+        noise.size(1) == latents.size(1) ? noise : noise.narrow(1, 0, latents.size(1));
+    return s.scheduler->step(generated, index, latents).to(latents_dtype);
   };
   // True CFG runs the two branches one after the other, as FluxPipeline does.
   denoise(s, index, positive, s.do_true_cfg ? &negative : nullptr, s.request.true_cfg_scale,
@@ -259,7 +333,21 @@ std::vector<ModelSpec> model_specs() {
   tiny.description =
       "Built-in FLUX.1 architecture with seeded random weights (`xfuser make-tiny`); "
       "noise-like images, for demos and tests";
-  return {dev, tiny};
+  ModelSpec kontext = dev;
+  kontext.id = "FLUX.1-Kontext-dev";
+  kontext.aliases = {"black-forest-labs/FLUX.1-Kontext-dev", "FLUX.1-Kontext"};
+  kontext.hf_repo = "black-forest-labs/FLUX.1-Kontext-dev";
+  kontext.task = Task::kImageToImage;
+  // xDiT's runner: 1024x1024 (the area; the aspect ratio follows the picture unless --height and
+  // --width are given), 50 steps, guidance 2.5, max_sequence_length 256.
+  kontext.defaults = {1024, 1024, 50, 2.5, 256, 0};
+  kontext.options.insert("--input_images");
+  kontext.parallelism.pipefusion = false;
+  kontext.maturity = "experimental";
+  kontext.description =
+      "FLUX.1 Kontext [dev]: image editing; the picture's VAE tokens (ids on their own first "
+      "axis) join the generated ones in attention";
+  return {dev, kontext, tiny};
 }
 
 }  // namespace xfuser::models::flux

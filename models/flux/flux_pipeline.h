@@ -3,6 +3,17 @@
 // CLIP pooled + T5 text embeddings, seeded noise packed 2x2 into tokens, img/txt ids, sigmas
 // linspace(1, 1/n, n) with the dynamic shift mu from the image token count, distilled guidance
 // embedding, optional true CFG, unpack, VAE decode with FLUX's scaling/shift factors.
+//
+// FluxKontextPipeline (FLUX.1-Kontext-dev, diffusers 0.35.2) is the same class with a reference
+// picture (one --input_images, shared by every prompt): resized with PIL's Lanczos to the
+// preferred Kontext resolution nearest its aspect ratio (auto-resize: ~1 MP, multiples of 16),
+// x / 255 * 2 - 1, VAE-encoded (the posterior mean, then (z - shift_factor) * scaling_factor),
+// packed into tokens whose ids are (1, row, col), appended to the generated tokens at every step
+// (ids likewise) and dropped from the transformer's output. The output is --height x --width
+// (FluxKontextPipeline called with max_area = height * width; the runner's default follows the
+// picture's aspect ratio at 1 MP). The dynamic shift counts the generated tokens only.
+// Sequence parallel shards the reference tokens with the generated ones; PipeFusion is refused
+// (its patches carry the generated tokens only).
 #pragma once
 
 #include <filesystem>
@@ -44,6 +55,13 @@ class FluxModel : public dit::DiTPipeline {
   // [(h/2)(w/2), 3] float ids (0, row, col), row-major.
   static at::Tensor latent_image_ids(int64_t half_h, int64_t half_w,
                                      const at::TensorOptions& options);
+  // FluxKontextPipeline's auto-resize: the (height, width) of PREFERRED_KONTEXT_RESOLUTIONS
+  // nearest the picture's aspect ratio (its sides first rounded down to multiples of 16).
+  static std::pair<int64_t, int64_t> kontext_resolution(int64_t height, int64_t width);
+  // The output size FluxKontextPipeline gives a height x width request with max_area: the aspect
+  // ratio kept, the area max_area, sides rounded down to multiples of 16.
+  static std::pair<int64_t, int64_t> kontext_output_size(int64_t height, int64_t width,
+                                                         double max_area);
 
  protected:
   void load_components(const std::filesystem::path& dir, const ModelLoadOptions& options) override;
@@ -68,9 +86,10 @@ class FluxModel : public dit::DiTPipeline {
   std::unique_ptr<tokenizers::Tokenizer> tokenizer_2_;
   std::filesystem::path scheduler_config_;
   int tokenizer_max_length_ = 77;
+  bool kontext_ = false;  // FluxKontextPipeline: a reference picture
 };
 
-// The registry entries of this family: FLUX.1-dev and tiny-flux.
+// The registry entries of this family: FLUX.1-dev, FLUX.1-Kontext-dev and tiny-flux.
 std::vector<ModelSpec> model_specs();
 
 }  // namespace xfuser::models::flux
