@@ -6,6 +6,7 @@
 
 #include "models/common/component.h"
 #include "models/text_encoders/clip_text.h"
+#include "models/text_encoders/llama_encoder.h"
 #include "models/text_encoders/t5_encoder.h"
 
 namespace xfuser::models {
@@ -31,6 +32,15 @@ void register_text_encoders() {
       "UMT5EncoderModel", [](const nlohmann::json& config, const std::string& path) {
         return std::make_shared<T5Encoder>(T5EncoderConfig::from_json(config, path, true));
       });
+  for (const char* name :
+       {"LlamaModel", "LlamaForCausalLM", "MistralModel", "MistralForCausalLM"}) {
+    const std::string architecture = name;
+    ComponentRegistry::add(
+        architecture, [architecture](const nlohmann::json& config, const std::string& path) {
+          return std::make_shared<text_encoders::LlamaEncoder>(
+              text_encoders::LlamaEncoderConfig::from_json(config, path, architecture));
+        });
+  }
 }
 
 }  // namespace xfuser::models

@@ -1,0 +1,1 @@
+xfuser_add_test(test_llama_encoder.cpp LABELS unit fixture)
