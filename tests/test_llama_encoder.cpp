@@ -105,6 +105,14 @@ TEST(LlamaEncoderFixtures, BFloat16WithinBf16Precision) {
   }
 }
 
+// HunyuanVideo runs its text encoder in float16 (10 mantissa bits: 4x finer than bf16).
+TEST(LlamaEncoderFixtures, Float16WithinFp16Precision) {
+  for (const auto& name : kCases) {
+    XF_REQUIRE_FIXTURE(case_dir(name));
+    check_case(name, at::kHalf, 1e-2);
+  }
+}
+
 // The structural features the fixtures are meant to cover really are in them.
 TEST(LlamaEncoderFixtures, CasesCoverGqaHeadDimWindowAndRope) {
   XF_REQUIRE_FIXTURE(case_dir("mistral-tiny_window-s1"));
