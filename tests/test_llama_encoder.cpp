@@ -187,9 +187,8 @@ TEST(LlamaEncoderHidden, LastEntryIsNormedAndSelectionMatchesStack) {
   EXPECT_THROW(model->forward_hidden_states(ids, mask, {}), xfuser::Error);
 }
 
-// Rows of different lengths in one padded batch equal each row alone, unpadded, at the real
-// tokens; left padding too (positions then start at the pads, as transformers does, so left
-// padding is compared with itself in a batch of one).
+// Rows of different lengths in one right-padded batch equal each row alone, unpadded, at the
+// real tokens (every hidden state).
 TEST(LlamaEncoderHidden, RightPaddedBatchEqualsRowsAlone) {
   XF_REQUIRE_FIXTURE(case_dir("llama-tiny_mask-s1"));
   for (const std::string name : {"llama-tiny_mask-s1", "mistral-tiny_headdim-s1"}) {
@@ -263,6 +262,29 @@ TEST(LlamaEncoderLoad, ForCausalLmUsesTheModelPrefix) {
   }
 }
 
+nlohmann::json tiny_llama_config() {
+  return {{"vocab_size", 50},         {"hidden_size", 16},
+          {"intermediate_size", 24},  {"num_hidden_layers", 2},
+          {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+          {"rms_norm_eps", 1e-5},     {"rope_theta", 10000.0},
+          {"hidden_act", "silu"},     {"max_position_embeddings", 64}};
+}
+
+// Every architecture name is registered and builds the encoder with that class name.
+TEST(LlamaEncoderLoad, RegisteredArchitectures) {
+  xfuser::models::register_builtin_components();
+  for (const std::string arch :
+       {"LlamaModel", "LlamaForCausalLM", "MistralModel", "MistralForCausalLM"}) {
+    auto component = xfuser::models::ComponentRegistry::create(arch, tiny_llama_config(), "x");
+    auto model = std::dynamic_pointer_cast<LlamaEncoder>(component);
+    ASSERT_TRUE(model) << arch;
+    EXPECT_EQ(model->class_name(), arch);
+    const std::string first = model->named_parameters().front().first;
+    const bool causal = arch.find("ForCausalLM") != std::string::npos;
+    EXPECT_EQ(first, causal ? "model.embed_tokens.weight" : "embed_tokens.weight") << arch;
+  }
+}
+
 // ---- config errors ------------------------------------------------------------------------------
 
 std::string config_error(const nlohmann::json& config, const std::string& arch) {
@@ -272,14 +294,6 @@ std::string config_error(const nlohmann::json& config, const std::string& arch) 
     return e.what();
   }
   return "";
-}
-
-nlohmann::json tiny_llama_config() {
-  return {{"vocab_size", 50},         {"hidden_size", 16},
-          {"intermediate_size", 24},  {"num_hidden_layers", 2},
-          {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-          {"rms_norm_eps", 1e-5},     {"rope_theta", 10000.0},
-          {"hidden_act", "silu"},     {"max_position_embeddings", 64}};
 }
 
 TEST(LlamaEncoderConfigTest, DefaultsAndErrors) {
