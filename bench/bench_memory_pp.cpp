@@ -164,7 +164,10 @@ int run(int argc, char** argv) {
       const double t0 = xb::now_seconds();
       pipe.step(
           i, in, 1, [](const at::Tensor& out) { return out; },
-          [](const at::Tensor& noise, const at::Tensor& x) { return x - 0.1 * noise; }, latents);
+          [](const at::Tensor& noise, const at::Tensor& x, const xfuser::models::dit::TokenRange&) {
+            return x - 0.1 * noise;
+          },
+          latents);
       step_seconds.push_back(xb::now_seconds() - t0);
     }
   }

@@ -158,14 +158,13 @@ TEST_F(WanSequenceParallel, PipeFusionTwoStagesEqualsSerial) {
       return x;
     };
     // The "scheduler": any fixed function of (noise, latents) serves the comparison.
-    auto step_fn = [](const at::Tensor& noise, const at::Tensor& latents) {
-      return latents - 0.25 * noise;
-    };
+    auto step_fn = [](const at::Tensor& noise, const at::Tensor& latents,
+                      const xfuser::models::dit::TokenRange&) { return latents - 0.25 * noise; };
     at::Tensor serial = in.tokens.clone();
     for (int i = 0; i < steps; ++i) {
       auto x = inputs_at(i);
       x.tokens = serial;
-      serial = step_fn(whole->forward(x), serial);
+      serial = step_fn(whole->forward(x), serial, {});
     }
     auto groups = std::make_shared<ProcessGroups>(
         WorldConfig::from_degrees(world_->size(), 1, 1, 2, 1, 1, 1), world_);
