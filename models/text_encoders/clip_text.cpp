@@ -72,7 +72,7 @@ ClipTextTransformer::Output ClipTextTransformer::forward(const at::Tensor& input
   // Additive fp32 bias [B or 1, 1, S, S]: dtype-min above the diagonal, plus dtype-min at padded
   // keys (transformers adds both, so a key that is padded and in the future sums to -inf).
   const float lowest = std::numeric_limits<float>::lowest();
-  auto opts = at::TensorOptions().dtype(at::kFloat);
+  auto opts = x.options().dtype(at::kFloat);  // on the run's device
   auto bias = at::full({s, s}, lowest, opts).triu(1).view({1, 1, s, s});
   if (attention_mask.defined()) {
     auto keep = attention_mask.to(at::kFloat).eq(1.0);  // [B, S]
@@ -94,7 +94,7 @@ ClipTextTransformer::Output ClipTextTransformer::forward(const at::Tensor& input
   } else {
     eos_pos = input_ids.eq(config_.eos_token_id).to(at::kInt).argmax(-1);
   }
-  auto rows = at::arange(b, at::TensorOptions().dtype(at::kLong));
+  auto rows = at::arange(b, input_ids.options().dtype(at::kLong));
   auto flat = rows * s + eos_pos.to(at::kLong);
   auto pooled = last.reshape({b * s, config_.hidden_size}).index_select(0, flat);  // [B, d]
   return {last, pooled, penultimate};

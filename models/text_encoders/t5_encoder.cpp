@@ -168,7 +168,9 @@ class T5Attention : public Module {
   at::Tensor compute_bias(int64_t s) const {
     auto buckets = t5_relative_position_buckets(s, s, config_.relative_attention_num_buckets,
                                                 config_.relative_attention_max_distance);
-    auto values = relative_attention_bias_->tensor.index_select(0, buckets.reshape({-1}));
+    // The buckets are computed on the host (a small integer table), then moved to the weights.
+    const auto& table = relative_attention_bias_->tensor;
+    auto values = table.index_select(0, buckets.reshape({-1}).to(table.device()));
     return values.view({s, s, heads_}).permute({2, 0, 1}).unsqueeze(0);
   }
 
