@@ -35,7 +35,7 @@ class WanRun : public ::testing::Test {
   }
   // The cfg_negative case's command line, from diffusers' initial latents; --flow_shift 5 is the
   // folder's (xDiT's default for Wan2.1-T2V is 12).
-  std::string command(const std::string& out) const {
+  std::string command(const std::string& out, const std::string& dtype = "fp32") const {
     return bin_ + " --model_path " + (pipelines_ / "wan-t2v-tiny").string() + " --prompt '" +
            case_["prompt"].get<std::string>() + "' --negative_prompt '" +
            case_["negative_prompt"].get<std::string>() +
@@ -43,7 +43,7 @@ class WanRun : public ::testing::Test {
            " --num_inference_steps " + std::to_string(case_["num_inference_steps"].get<int>()) +
            " --guidance_scale " + std::to_string(case_["guidance_scale"].get<double>()) +
            " --max_sequence_length " + std::to_string(case_["max_sequence_length"].get<int>()) +
-           " --dtype fp32 --latents " + (ref_ / "latents.safetensors").string() +
+           " --dtype " + dtype + " --latents " + (ref_ / "latents.safetensors").string() +
            " --save_latents --output_directory " + out;
   }
   at::Tensor final_latents(const fs::path& dir, const std::string& name) const {
@@ -119,6 +119,8 @@ TEST_F(WanRun, EveryParallelLayoutEndsOnTheSerialLatents) {
       {4, "--ulysses_degree 2 --ring_degree 2", "Wan2.1-T2V_u2r2_tc_False_32x48_0"},
       {4, "--ulysses_degree 2 --use_cfg_parallel", "Wan2.1-T2V_u2r1_cfg2_tc_False_32x48_0"},
       {4, "--ring_degree 4", "Wan2.1-T2V_u1r4_tc_False_32x48_0"},
+      // dp 2 with one prompt: group 1 has nothing to do, group 0 writes prompt 0.
+      {2, "--data_parallel_degree 2", "Wan2.1-T2V_u1r1_dp2_tc_False_32x48_0"},
   };
   for (const auto& l : layouts) {
     SCOPED_TRACE(l.flags);
@@ -238,6 +240,30 @@ TEST_F(WanRun, EveryMakeTinyLayoutRunsAsItsModel) {
     ASSERT_TRUE(fs::exists(video)) << log;
     EXPECT_EQ(xfuser::runner::read_video_info(video).frames, 5);
   }
+}
+
+TEST_F(WanRun, Bf16UlyssesStaysWithinBf16NoiseOfSerial) {
+  // bf16 transformer and UMT5 (the VAE stays float32): Ulysses 2 against one rank, both bf16,
+  // and one rank bf16 against fp32, measured on the final latents.
+  std::string log;
+  auto run = [&](const std::string& prefix, const std::string& dtype, const std::string& flags,
+                 const std::string& name) {
+    TempDir out;
+    EXPECT_EQ(run_command(prefix + command(out.path().string(), dtype) + " " + flags, &log), 0)
+        << log;
+    return final_latents(out.path(), name);
+  };
+  const std::string serial = "Wan2.1-T2V_u1r1_tc_False_32x48_0";
+  const at::Tensor fp32 = run("", "fp32", "", serial);
+  const at::Tensor bf16 = run("", "bf16", "", serial);
+  const at::Tensor bf16_u2 =
+      run(mpirun_prefix(2), "bf16", "--ulysses_degree 2", "Wan2.1-T2V_u2r1_tc_False_32x48_0");
+  ASSERT_TRUE(fp32.defined() && bf16.defined() && bf16_u2.defined());
+  const double noise = xfuser::testing::max_rel_error(bf16, fp32);
+  const double layout = xfuser::testing::max_rel_error(bf16_u2, bf16);
+  std::printf("bf16 vs fp32: %.2e; bf16 Ulysses 2 vs bf16 one rank: %.2e\n", noise, layout);
+  EXPECT_LE(noise, 0.1) << "bf16 rounding over 4 steps";
+  EXPECT_LE(layout, std::max(2 * noise, 1e-2)) << "a layout stays within bf16's own noise";
 }
 
 TEST_F(WanRun, FrameCountsAndVideoFlagsAreCheckedNamingTheFlag) {
