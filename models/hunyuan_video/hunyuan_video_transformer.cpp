@@ -1,0 +1,709 @@
+#include "models/hunyuan_video/hunyuan_video_transformer.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
+#include "models/common/kernels.h"
+#include "models/dit/dit_pipefusion.h"
+#include "profiling/trace.h"
+
+namespace xfuser::models::hunyuan_video {
+namespace {
+
+constexpr double kNormEps = 1e-6;
+constexpr int64_t kTimestepChannels = 256;
+// HunyuanVideoTokenRefiner builds its blocks with mlp_width_ratio's default, not config.mlp_ratio.
+constexpr double kRefinerMlpRatio = 4.0;
+
+// [B, S, H*hd] -> [B, S, H, hd]
+at::Tensor split_heads(const at::Tensor& x, int64_t heads) {
+  return x.view({x.size(0), x.size(1), heads, x.size(2) / heads});
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+using AttendFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                          const AttentionCall&)>;
+
+// The key mask [B, n + L] of the joint [image, text] sequence: every image key, the text keys of
+// `text_keys` [B, L]; undefined when no text key is masked.
+at::Tensor joint_key_mask(const at::Tensor& text_keys, int64_t image_tokens) {
+  if (!text_keys.defined()) return {};
+  auto image = at::ones({text_keys.size(0), image_tokens}, text_keys.options());
+  return at::cat({image, text_keys}, 1);
+}
+
+}  // namespace
+
+// ---- embedders ----------------------------------------------------------------------------------
+
+// HunyuanVideoConditionEmbedding (image_condition_type null / latent_concat): Timesteps(256,
+// flip_sin_to_cos, shift 0) -> timestep_embedder; text_embedder (PixArtAlphaTextProjection,
+// SiLU) of the pooled projection; + guidance_embedder(Timesteps(guidance)) with guidance_embeds.
+// Also CombinedTimestepTextProjEmbeddings (the token refiner's), without the guidance.
+class HunyuanVideoConditionEmbedding : public Module {
+ public:
+  HunyuanVideoConditionEmbedding(int64_t dim, int64_t pooled_dim, bool guidance) {
+    timestep_embedder_ =
+        child("timestep_embedder", std::make_shared<TimestepEmbedding>(kTimestepChannels, dim));
+    text_embedder_ = child("text_embedder", std::make_shared<PixArtAlphaTextProjection>(
+                                                pooled_dim, dim, Activation::kSilu));
+    if (guidance) {
+      guidance_embedder_ =
+          child("guidance_embedder", std::make_shared<TimestepEmbedding>(kTimestepChannels, dim));
+    }
+  }
+  c10::ScalarType dtype() const {
+    const auto& w = timestep_embedder_->named_parameters().front().second->tensor;
+    XF_CHECK(w.defined(), "HunyuanVideoTransformer3DModel used before its weights were loaded");
+    return w.scalar_type();
+  }
+  // timestep [B|1], pooled [B, P] (the model dtype), guidance [B|1] or undefined -> [B, D].
+  at::Tensor forward(const at::Tensor& timestep, const at::Tensor& pooled,
+                     const at::Tensor& guidance) const {
+    const auto dtype = pooled.scalar_type();
+    auto t = timestep_embedding(timestep, kTimestepChannels, true, 0.0).to(dtype);
+    auto cond = timestep_embedder_->forward(t) + text_embedder_->forward(pooled);
+    if (guidance_embedder_) {
+      auto g = timestep_embedding(guidance, kTimestepChannels, true, 0.0).to(dtype);
+      cond = cond + guidance_embedder_->forward(g);
+    }
+    return cond;
+  }
+
+ private:
+  std::shared_ptr<TimestepEmbedding> timestep_embedder_, guidance_embedder_;
+  std::shared_ptr<PixArtAlphaTextProjection> text_embedder_;
+};
+
+// HunyuanVideoIndividualTokenRefinerBlock: norm1 (LayerNorm, affine), attn (diffusers Attention
+// with AttnProcessor2_0: to_q/k/v, to_out.0, biases, no QK norm), norm2, ff (FeedForward
+// linear-silu), norm_out.linear (HunyuanVideoAdaNorm: SiLU(temb) -> [gate_msa | gate_mlp]).
+class RefinerBlock : public Module {
+ public:
+  RefinerBlock(int64_t dim, int64_t heads) : heads_(heads) {
+    norm1_ = child("norm1", std::make_shared<LayerNorm>(dim, kNormEps));
+    to_q_ = child("attn.to_q", std::make_shared<Linear>(dim, dim));
+    to_k_ = child("attn.to_k", std::make_shared<Linear>(dim, dim));
+    to_v_ = child("attn.to_v", std::make_shared<Linear>(dim, dim));
+    to_out_ = child("attn.to_out.0", std::make_shared<Linear>(dim, dim));
+    norm2_ = child("norm2", std::make_shared<LayerNorm>(dim, kNormEps));
+    ff_ = child("ff", std::make_shared<FeedForward>(dim, dim, kRefinerMlpRatio,
+                                                    FeedForwardKind::kLinearSilu));
+    norm_out_ = child("norm_out.linear", std::make_shared<Linear>(dim, 2 * dim));
+  }
+  // x [B, L, D], temb [B|1, D], mask [B, 1, L, L] bool or undefined.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& temb, const at::Tensor& mask) const {
+    const int64_t b = x.size(0), l = x.size(1), d = x.size(2);
+    auto n = norm1_->forward(x);
+    AttentionCall call;
+    call.mask = mask;
+    auto o = local_attention(split_heads(to_q_->forward(n), heads_),
+                             split_heads(to_k_->forward(n), heads_),
+                             split_heads(to_v_->forward(n), heads_), call)
+                 .reshape({b, l, d});
+    o = to_out_->forward(o);
+    auto gates = norm_out_->forward(activate(temb, Activation::kSilu)).chunk(2, 1);
+    auto h = x + o * gates[0].unsqueeze(1);
+    return h + ff_->forward(norm2_->forward(h)) * gates[1].unsqueeze(1);
+  }
+
+ private:
+  int64_t heads_;
+  std::shared_ptr<LayerNorm> norm1_, norm2_;
+  std::shared_ptr<Linear> to_q_, to_k_, to_v_, to_out_, norm_out_;
+  std::shared_ptr<FeedForward> ff_;
+};
+
+// HunyuanVideoTokenRefiner: time_text_embed (CombinedTimestepTextProjEmbeddings of the masked
+// mean of the text), proj_in, token_refiner.refiner_blocks.
+class HunyuanVideoTokenRefiner : public Module {
+ public:
+  HunyuanVideoTokenRefiner(int64_t in_channels, int64_t heads, int64_t head_dim, int64_t layers) {
+    const int64_t dim = heads * head_dim;
+    time_text_embed_ = child("time_text_embed", std::make_shared<HunyuanVideoConditionEmbedding>(
+                                                    dim, in_channels, false));
+    proj_in_ = child("proj_in", std::make_shared<Linear>(in_channels, dim));
+    for (int64_t i = 0; i < layers; ++i) {
+      blocks_.push_back(child("token_refiner.refiner_blocks." + std::to_string(i),
+                              std::make_shared<RefinerBlock>(dim, heads)));
+    }
+  }
+  // text [B, L, C_text] (model dtype), timestep [B|1], mask [B, L] bool or undefined -> [B, L, D].
+  at::Tensor forward(const at::Tensor& text, const at::Tensor& timestep,
+                     const at::Tensor& mask) const {
+    at::Tensor pooled;
+    if (!mask.defined()) {
+      pooled = text.mean(1);
+    } else {
+      // (x * m).sum(1) / m.sum(1) with the mask as float32, back to the text's dtype.
+      auto m = mask.to(at::kFloat).unsqueeze(-1);  // [B, L, 1]
+      pooled = ((text * m).sum(1) / m.sum(1)).to(text.scalar_type());
+    }
+    auto temb = time_text_embed_->forward(timestep, pooled, {});
+    auto h = proj_in_->forward(text);
+    at::Tensor pair;
+    if (mask.defined()) {
+      // Query i sees key j when both are valid; every query sees key 0.
+      const int64_t b = mask.size(0), l = mask.size(1);
+      auto m1 = mask.view({b, 1, 1, l}).expand({b, 1, l, l});
+      pair = at::logical_and(m1, m1.transpose(2, 3)).contiguous();
+      pair.select(3, 0).fill_(true);
+    }
+    for (const auto& block : blocks_) h = block->forward(h, temb, pair);
+    return h;
+  }
+
+ private:
+  std::shared_ptr<HunyuanVideoConditionEmbedding> time_text_embed_;
+  std::shared_ptr<Linear> proj_in_;
+  std::vector<std::shared_ptr<RefinerBlock>> blocks_;
+};
+
+// nn.Conv3d(C, D, kernel = stride = (pt, p, p)) as a matmul over patchified tokens: `proj.weight`
+// [D, C, pt, p, p], `proj.bias` [D].
+class HunyuanVideoTransformer3DModel::PatchEmbedding : public Module {
+ public:
+  PatchEmbedding(int64_t in_channels, const std::vector<int64_t>& patch, int64_t dim) : dim_(dim) {
+    weight_ = &param("proj.weight", {dim, in_channels, patch[0], patch[1], patch[2]});
+    bias_ = &param("proj.bias", {dim});
+  }
+  at::Tensor forward(const at::Tensor& tokens) const {  // [B, n, C*pt*p*p] -> [B, n, D]
+    const auto w = weight_->tensor.reshape({dim_, -1});
+    if (tokens.scalar_type() == at::kHalf && !tokens.is_cuda()) {
+      // libtorch's CPU kernels lack float16 matmul (as in layers.cpp): float32 and round back.
+      return at::linear(tokens.to(at::kFloat), w.to(at::kFloat), bias_->tensor.to(at::kFloat))
+          .to(at::kHalf);
+    }
+    return at::linear(tokens, w, bias_->tensor);
+  }
+
+ private:
+  int64_t dim_;
+  ParamSlot* weight_;
+  ParamSlot* bias_;
+};
+
+// ---- attention ----------------------------------------------------------------------------------
+
+// diffusers Attention with HunyuanVideoAttnProcessor2_0: to_q/k/v with RMSNorm QK norms over the
+// head dim; the double-stream variant adds add_{q,k,v}_proj, norm_added_{q,k}, to_out.0 and
+// to_add_out; the single-stream one (pre_only) has no output projection. Tensor parallel: the
+// projections column-parallel by whole heads, the outputs row-parallel.
+class HunyuanVideoAttention : public Module {
+ public:
+  HunyuanVideoAttention(int64_t dim, int64_t heads, int64_t head_dim, bool joint,
+                        const TensorParallel& tp)
+      : heads_(heads / tp.size), head_dim_(head_dim) {
+    const int64_t inner = heads * head_dim;
+    auto column = [&] { return std::make_shared<ColumnParallelLinear>(dim, inner, tp); };
+    to_q_ = child("to_q", column());
+    to_k_ = child("to_k", column());
+    to_v_ = child("to_v", column());
+    norm_q_ = child("norm_q", std::make_shared<RMSNorm>(head_dim, kNormEps));
+    norm_k_ = child("norm_k", std::make_shared<RMSNorm>(head_dim, kNormEps));
+    if (joint) {
+      add_k_proj_ = child("add_k_proj", column());
+      add_v_proj_ = child("add_v_proj", column());
+      add_q_proj_ = child("add_q_proj", column());
+      norm_added_q_ = child("norm_added_q", std::make_shared<RMSNorm>(head_dim, kNormEps));
+      norm_added_k_ = child("norm_added_k", std::make_shared<RMSNorm>(head_dim, kNormEps));
+      to_out_ = child("to_out.0", std::make_shared<RowParallelLinear>(inner, dim, tp));
+      to_add_out_ = child("to_add_out", std::make_shared<RowParallelLinear>(inner, dim, tp));
+    }
+  }
+  struct Qkv {
+    at::Tensor q, k, v;  // [B, S, H_r, hd]
+  };
+  Qkv project(const at::Tensor& x) const {
+    return {norm_q_->forward(split_heads(to_q_->forward(x), heads_)),
+            norm_k_->forward(split_heads(to_k_->forward(x), heads_)),
+            split_heads(to_v_->forward(x), heads_)};
+  }
+  Qkv project_context(const at::Tensor& c) const {
+    return {norm_added_q_->forward(split_heads(add_q_proj_->forward(c), heads_)),
+            norm_added_k_->forward(split_heads(add_k_proj_->forward(c), heads_)),
+            split_heads(add_v_proj_->forward(c), heads_)};
+  }
+  at::Tensor out(const at::Tensor& x, const TensorParallelOps& ops) const {
+    return to_out_->forward(x, ops);
+  }
+  at::Tensor add_out(const at::Tensor& c, const TensorParallelOps& ops) const {
+    return to_add_out_->forward(c, ops);
+  }
+  int64_t inner() const { return heads_ * head_dim_; }  // this rank's width
+
+ private:
+  int64_t heads_, head_dim_;
+  std::shared_ptr<ColumnParallelLinear> to_q_, to_k_, to_v_, add_q_proj_, add_k_proj_, add_v_proj_;
+  std::shared_ptr<RowParallelLinear> to_out_, to_add_out_;
+  std::shared_ptr<RMSNorm> norm_q_, norm_k_, norm_added_q_, norm_added_k_;
+};
+
+// RoPE on the first `n` rows (the image tokens) of q and k [B, S, H, hd]; the text rows after
+// them are not rotated.
+std::pair<at::Tensor, at::Tensor> rotate_image_rows(const at::Tensor& q, const at::Tensor& k,
+                                                    int64_t n, const RotaryTables& rope) {
+  const int64_t s = q.size(1);
+  if (n == s) return apply_rotary_emb_qk(q, k, rope);
+  auto [qi, ki] = apply_rotary_emb_qk(q.narrow(1, 0, n), k.narrow(1, 0, n), rope);
+  return {at::cat({qi, q.narrow(1, n, s - n)}, 1), at::cat({ki, k.narrow(1, n, s - n)}, 1)};
+}
+
+// ---- double-stream block ------------------------------------------------------------------------
+
+// HunyuanVideoTransformerBlock: norm1 / norm1_context (AdaLayerNormZero), the joint attention
+// over [image, text], norm2 / norm2_context (LayerNorm without affine) modulated, ff / ff_context
+// (FeedForward gelu-approximate, mult mlp_ratio).
+class HunyuanVideoTransformerBlock : public Module {
+ public:
+  HunyuanVideoTransformerBlock(const HunyuanVideoConfig& c, const TensorParallel& tp) {
+    const int64_t dim = c.inner_dim();
+    norm1_ = child("norm1", std::make_shared<ParallelAdaLayerNormZero>(dim, tp, kNormEps));
+    norm1_context_ =
+        child("norm1_context", std::make_shared<ParallelAdaLayerNormZero>(dim, tp, kNormEps));
+    attn_ = child("attn", std::make_shared<HunyuanVideoAttention>(dim, c.num_attention_heads,
+                                                                  c.attention_head_dim, true, tp));
+    ff_ = child("ff", std::make_shared<ParallelFeedForward>(dim, dim, c.mlp_ratio,
+                                                            FeedForwardKind::kGeluApproximate, tp));
+    ff_context_ =
+        child("ff_context", std::make_shared<ParallelFeedForward>(
+                                dim, dim, c.mlp_ratio, FeedForwardKind::kGeluApproximate, tp));
+  }
+
+  // x [B, n, D], c [B, L, D], temb [B|1, D], rope [n, hd], mask [B, n + L] or undefined.
+  void forward(at::Tensor& x, at::Tensor& c, const at::Tensor& temb, const RotaryTables& rope,
+               const at::Tensor& mask, const AttendFn& attend, int64_t layer,
+               const TensorParallelOps& ops) const {
+    const int64_t b = x.size(0), n = x.size(1), l = c.size(1), inner = attn_->inner();
+    auto nx = norm1_->forward(x, temb, ops);
+    auto nc = norm1_context_->forward(c, temb, ops);
+    auto img = attn_->project(nx.x);          // [B, n, H_r, hd]
+    auto txt = attn_->project_context(nc.x);  // [B, L, H_r, hd]
+    auto [qi, ki] = apply_rotary_emb_qk(img.q, img.k, rope);
+    AttentionCall call;
+    call.layer = layer;
+    call.text_tokens = l;
+    call.text_first = false;
+    call.mask = mask;
+    auto o =
+        attend(at::cat({qi, txt.q}, 1), at::cat({ki, txt.k}, 1), at::cat({img.v, txt.v}, 1), call)
+            .reshape({b, n + l, inner})
+            .to(x.scalar_type());
+    auto img_out = attn_->out(o.narrow(1, 0, n), ops);      // [B, n, D]
+    auto txt_out = attn_->add_out(o.narrow(1, n, l), ops);  // [B, L, D]
+
+    x = gated_residual(x, nx.gate_msa, img_out);
+    auto hx = kernels().norm_modulate(x, nx.shift_mlp, nx.scale_mlp, kNormEps);
+    x = gated_residual(x, nx.gate_mlp, ff_->forward(hx, ops));
+
+    c = gated_residual(c, nc.gate_msa, txt_out);
+    auto hc = kernels().norm_modulate(c, nc.shift_mlp, nc.scale_mlp, kNormEps);
+    c = gated_residual(c, nc.gate_mlp, ff_context_->forward(hc, ops));
+  }
+
+ private:
+  std::shared_ptr<ParallelAdaLayerNormZero> norm1_, norm1_context_;
+  std::shared_ptr<HunyuanVideoAttention> attn_;
+  std::shared_ptr<ParallelFeedForward> ff_, ff_context_;
+};
+
+// ---- single-stream block ------------------------------------------------------------------------
+
+// HunyuanVideoSingleTransformerBlock on the joined [image, text] sequence: norm
+// (AdaLayerNormZeroSingle), proj_mlp + tanh GELU, attention (RoPE on the image rows), proj_out
+// over [attention | MLP], gated residual.
+class HunyuanVideoSingleTransformerBlock : public Module {
+ public:
+  HunyuanVideoSingleTransformerBlock(const HunyuanVideoConfig& c, const TensorParallel& tp) {
+    const int64_t dim = c.inner_dim(), mlp_dim = c.mlp_dim();
+    attn_ = child("attn", std::make_shared<HunyuanVideoAttention>(dim, c.num_attention_heads,
+                                                                  c.attention_head_dim, false, tp));
+    norm_ = child("norm", std::make_shared<ParallelAdaLayerNormZeroSingle>(dim, tp, kNormEps));
+    proj_mlp_ = child("proj_mlp", std::make_shared<ColumnParallelLinear>(dim, mlp_dim, tp));
+    // Input features [attention D | MLP]: each split on its own, so this rank's part is
+    // [attention heads_r | MLP_r], exactly cat({o, mlp}) below.
+    proj_out_ =
+        child("proj_out", std::make_shared<RowParallelLinear>(dim + mlp_dim, dim, tp, true,
+                                                              std::vector<int64_t>{dim, mlp_dim}));
+  }
+
+  // h [B, n + L, D] (image first), rope [n, hd], mask [B, n + L] or undefined.
+  at::Tensor forward(const at::Tensor& h, const at::Tensor& temb, const RotaryTables& rope,
+                     const at::Tensor& mask, const AttendFn& attend, int64_t layer,
+                     int64_t text_tokens, const TensorParallelOps& ops) const {
+    const int64_t b = h.size(0), s = h.size(1), inner = attn_->inner();
+    auto nh = norm_->forward(h, temb, ops);
+    auto mlp = activate(proj_mlp_->forward(nh.x), Activation::kGeluTanh);
+    auto p = attn_->project(nh.x);
+    auto [q, k] = rotate_image_rows(p.q, p.k, s - text_tokens, rope);
+    AttentionCall call;
+    call.layer = layer;
+    call.text_tokens = text_tokens;
+    call.text_first = false;
+    call.mask = mask;
+    auto o = attend(q, k, p.v, call).reshape({b, s, inner}).to(h.scalar_type());
+    return gated_residual(h, nh.gate, proj_out_->forward(at::cat({o, mlp}, 2), ops));
+  }
+
+ private:
+  std::shared_ptr<HunyuanVideoAttention> attn_;
+  std::shared_ptr<ParallelAdaLayerNormZeroSingle> norm_;
+  std::shared_ptr<ColumnParallelLinear> proj_mlp_;
+  std::shared_ptr<RowParallelLinear> proj_out_;
+};
+
+// ---- HunyuanVideoTransformer3DModel -------------------------------------------------------------
+
+HunyuanVideoTransformer3DModel::HunyuanVideoTransformer3DModel(HunyuanVideoConfig config,
+                                                               dit::DiTPart part, TensorParallel tp)
+    : DiTTransformer(part, tp), config_(std::move(config)) {
+  const auto& c = config_;
+  c.validate("HunyuanVideoTransformer3DModel config");
+  resolve_part();
+  const int64_t dim = c.inner_dim();
+  auto held = [&](int64_t block) { return part_.block_begin <= block && block < part_.block_end; };
+  // Declaration order follows diffusers' __init__ (rope has no parameters).
+  if (part_.embedders) {
+    x_embedder_ =
+        child("x_embedder", std::make_shared<PatchEmbedding>(c.in_channels, c.patch(), dim));
+    context_embedder_ = child("context_embedder", std::make_shared<HunyuanVideoTokenRefiner>(
+                                                      c.text_embed_dim, c.num_attention_heads,
+                                                      c.attention_head_dim, c.num_refiner_layers));
+  }
+  time_text_embed_ = child("time_text_embed", std::make_shared<HunyuanVideoConditionEmbedding>(
+                                                  dim, c.pooled_projection_dim, c.guidance_embeds));
+  blocks_.resize(c.num_layers);
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    if (!held(i)) continue;
+    blocks_[i] = child("transformer_blocks." + std::to_string(i),
+                       std::make_shared<HunyuanVideoTransformerBlock>(c, tp_));
+  }
+  single_blocks_.resize(c.num_single_layers);
+  for (int64_t i = 0; i < c.num_single_layers; ++i) {
+    if (!held(c.num_layers + i)) continue;
+    single_blocks_[i] = child("single_transformer_blocks." + std::to_string(i),
+                              std::make_shared<HunyuanVideoSingleTransformerBlock>(c, tp_));
+  }
+  if (part_.head) {
+    norm_out_ =
+        child("norm_out", std::make_shared<AdaLayerNormContinuous>(dim, dim, false, kNormEps));
+    proj_out_ = child("proj_out", std::make_shared<Linear>(dim, c.output_dim()));
+  }
+}
+
+HunyuanVideoTransformer3DModel::~HunyuanVideoTransformer3DModel() = default;
+
+c10::ScalarType HunyuanVideoTransformer3DModel::dtype() const { return time_text_embed_->dtype(); }
+
+std::vector<int64_t> HunyuanVideoTransformer3DModel::block_parameters() const {
+  // A whole model of the same config declares every block (shapes only, nothing allocated).
+  const HunyuanVideoTransformer3DModel whole(config_);
+  return dit::parameters_per_block(whole,
+                                   {{"transformer_blocks.", config_.num_layers},
+                                    {"single_transformer_blocks.", config_.num_single_layers}});
+}
+
+std::vector<int64_t> HunyuanVideoTransformer3DModel::other_parameters() const {
+  const HunyuanVideoTransformer3DModel whole(config_);
+  return {dit::parameters_with_prefix(whole, {"x_embedder.", "context_embedder."}),
+          dit::parameters_with_prefix(whole, {"time_text_embed."}),
+          dit::parameters_with_prefix(whole, {"norm_out.", "proj_out."})};
+}
+
+const std::vector<std::string>& HunyuanVideoTransformer3DModel::input_names() {
+  static const std::vector<std::string> kNames = {"hidden_states",         "timestep",
+                                                  "encoder_hidden_states", "encoder_attention_mask",
+                                                  "pooled_projections",    "guidance"};
+  return kNames;
+}
+
+at::Tensor HunyuanVideoTransformer3DModel::patchify(const at::Tensor& latents, int64_t patch_t,
+                                                    int64_t patch) {
+  XF_CHECK(latents.dim() == 5, "HunyuanVideo patchify: latents must be [B, C, F, H, W], got ",
+           shape_string(latents.sizes()));
+  XF_CHECK(patch_t >= 1 && patch >= 1, "HunyuanVideo patchify: patch sizes (", patch_t, ", ", patch,
+           ") must be >= 1");
+  XF_CHECK(latents.size(2) % patch_t == 0 && latents.size(3) % patch == 0 &&
+               latents.size(4) % patch == 0,
+           "HunyuanVideo patchify: frames, height and width of ", shape_string(latents.sizes()),
+           " must be multiples of the patch size (", patch_t, ", ", patch, ", ", patch, ")");
+  const int64_t b = latents.size(0), ch = latents.size(1);
+  const int64_t f = latents.size(2) / patch_t, h = latents.size(3) / patch,
+                w = latents.size(4) / patch;
+  return latents.reshape({b, ch, f, patch_t, h, patch, w, patch})
+      .permute({0, 2, 4, 6, 1, 3, 5, 7})  // [B, F', H', W', C, pt, p, p]
+      .reshape({b, f * h * w, ch * patch_t * patch * patch});
+}
+
+at::Tensor HunyuanVideoTransformer3DModel::unpatchify(const at::Tensor& tokens, int64_t frames,
+                                                      int64_t height, int64_t width,
+                                                      int64_t patch_t, int64_t patch,
+                                                      int64_t channels) {
+  const int64_t vol = patch_t * patch * patch;
+  XF_CHECK(tokens.dim() == 3 && tokens.size(1) == frames * height * width &&
+               tokens.size(2) == vol * channels,
+           "HunyuanVideo unpatchify: tokens must be [B, ", frames * height * width, ", ",
+           vol * channels, "] for a ", frames, " x ", height, " x ", width, " grid of (", patch_t,
+           ", ", patch, ", ", patch, ") patches of ", channels, " channels, got ",
+           shape_string(tokens.sizes()));
+  const int64_t b = tokens.size(0);
+  return tokens.reshape({b, frames, height, width, channels, patch_t, patch, patch})
+      .permute({0, 4, 1, 5, 2, 6, 3, 7})
+      .reshape({b, channels, frames * patch_t, height * patch, width * patch});
+}
+
+at::Tensor HunyuanVideoTransformer3DModel::token_ids(int64_t frames, int64_t height, int64_t width,
+                                                     const at::TensorOptions& options) {
+  XF_CHECK(frames >= 1 && height >= 1 && width >= 1, "HunyuanVideo token_ids: empty grid ", frames,
+           " x ", height, " x ", width);
+  auto opts = options.dtype(at::kFloat);
+  const std::vector<int64_t> shape = {frames, height, width};
+  auto f = at::arange(frames, opts).view({frames, 1, 1}).expand(shape);
+  auto h = at::arange(height, opts).view({1, height, 1}).expand(shape);
+  auto w = at::arange(width, opts).view({1, 1, width}).expand(shape);
+  return at::stack({f.reshape({-1}), h.reshape({-1}), w.reshape({-1})}, 1);  // [N, 3]
+}
+
+RotaryTables HunyuanVideoTransformer3DModel::rope(const at::Tensor& ids,
+                                                  const std::vector<int64_t>& axes_dim,
+                                                  double theta) {
+  XF_CHECK(ids.dim() == 2 && ids.size(1) == static_cast<int64_t>(axes_dim.size()),
+           "HunyuanVideo rope: ids must be [N, ", axes_dim.size(), "], got ",
+           shape_string(ids.sizes()));
+  const auto opts = ids.options().dtype(at::kFloat);
+  const auto pos_all = ids.to(at::kFloat);
+  std::vector<at::Tensor> cos, sin;
+  for (size_t i = 0; i < axes_dim.size(); ++i) {
+    const int64_t d = axes_dim[i];
+    // get_1d_rotary_pos_embed(freqs_dtype=float32): 1 / theta^(arange(0, d, 2) / d), the outer
+    // product with the positions, cos and sin repeat_interleave(2), all in float32.
+    auto exponents = at::arange(0, d, 2, opts).narrow(0, 0, d / 2) / static_cast<double>(d);
+    auto freqs = at::reciprocal(at::pow(theta, exponents));  // [d/2]
+    auto angles = at::outer(pos_all.select(1, static_cast<int64_t>(i)).contiguous(), freqs);
+    cos.push_back(angles.cos().repeat_interleave(2, 1));
+    sin.push_back(angles.sin().repeat_interleave(2, 1));
+  }
+  return {at::cat(cos, 1), at::cat(sin, 1)};  // [N, sum(axes_dim)]
+}
+
+dit::DiTInputs HunyuanVideoTransformer3DModel::parse_forward_inputs(const TensorMap& inputs) const {
+  XF_CONTEXT("HunyuanVideoTransformer3DModel.forward inputs");
+  const auto& names = input_names();
+  std::vector<std::string> unknown;
+  for (const auto& [name, t] : inputs) {
+    if (std::find(names.begin(), names.end(), name) == names.end()) unknown.push_back(name);
+  }
+  XF_CHECK(unknown.empty(), "HunyuanVideoTransformer3DModel.forward: unknown input(s) ",
+           join(unknown), "; accepted inputs: ", join(names));
+  auto get = [&](const std::string& name) {
+    auto it = inputs.find(name);
+    return it == inputs.end() ? at::Tensor() : it->second;
+  };
+  const auto& c = config_;
+  auto hs = get("hidden_states");
+  const std::string hs_shape = "[B, " + std::to_string(c.in_channels) + ", F, H, W]";
+  XF_CHECK(hs.defined(), "missing required input 'hidden_states' (expected ", hs_shape, ")");
+  XF_CHECK(hs.dim() == 5 && hs.size(1) == c.in_channels && hs.size(0) >= 1,
+           "hidden_states must be ", hs_shape, ", got ", shape_string(hs.sizes()));
+  XF_CHECK(at::isFloatingType(hs.scalar_type()), "hidden_states must be floating point, got ",
+           hs.scalar_type());
+  const int64_t pt = c.patch_size_t, p = c.patch_size;
+  XF_CHECK(hs.size(2) >= pt && hs.size(3) >= p && hs.size(4) >= p && hs.size(2) % pt == 0 &&
+               hs.size(3) % p == 0 && hs.size(4) % p == 0,
+           "hidden_states frames, height and width (", hs.size(2), " x ", hs.size(3), " x ",
+           hs.size(4), ") must be positive multiples of (patch_size_t, patch_size, patch_size) (",
+           pt, ", ", p, ", ", p, ")");
+  dit::DiTInputs in;
+  in.tokens = patchify(hs, pt, p);
+  in.token_ids = token_ids(hs.size(2) / pt, hs.size(3) / p, hs.size(4) / p, hs.options());
+  in.text = get("encoder_hidden_states");
+  in.timestep = get("timestep");
+  in.pooled = get("pooled_projections");
+  in.guidance = get("guidance");
+  auto mask = get("encoder_attention_mask");
+  XF_CHECK(mask.defined(),
+           "missing required input 'encoder_attention_mask' (expected [B, L]: 1 "
+           "for the text tokens, 0 for the padding)");
+  XF_CHECK(at::isFloatingType(mask.scalar_type()) || at::isIntegralType(mask.scalar_type(), true),
+           "encoder_attention_mask must be a real or bool tensor, got ", mask.scalar_type());
+  if (mask.numel() > 0 && mask.scalar_type() != at::kBool) {
+    const bool binary = at::logical_or(mask == 0, mask == 1).all().item<bool>();
+    XF_CHECK(binary,
+             "encoder_attention_mask must hold only 0 and 1 (diffusers counts its ones), "
+             "got other values");
+  }
+  in.text_mask = mask.to(at::kBool);
+  check_inputs(in);
+  return in;
+}
+
+void HunyuanVideoTransformer3DModel::check_inputs(const dit::DiTInputs& in) const {
+  XF_CONTEXT("HunyuanVideoTransformer3DModel.forward inputs");
+  const auto& c = config_;
+  const std::string tok_shape = "[B, N, " + std::to_string(c.token_channels()) + "]";
+  const std::string enc_shape = "[B, L, " + std::to_string(c.text_embed_dim) + "]";
+  const std::string pooled_shape = "[B, " + std::to_string(c.pooled_projection_dim) + "]";
+  auto require = [](const at::Tensor& t, const char* name, const std::string& shape) {
+    XF_CHECK(t.defined(), "missing required input '", name, "' (expected ", shape, ")");
+  };
+  require(in.tokens, "hidden_states", tok_shape + " patchified tokens");
+  require(in.token_ids, "token_ids", "[N, 3]");
+  require(in.text, "encoder_hidden_states", enc_shape);
+  require(in.pooled, "pooled_projections", pooled_shape);
+  require(in.timestep, "timestep", "[B]");
+  if (c.guidance_embeds) require(in.guidance, "guidance", "[B] (the model has guidance_embeds)");
+
+  const auto& tok = in.tokens;
+  XF_CHECK(
+      tok.dim() == 3 && tok.size(2) == c.token_channels() && tok.size(0) >= 1 && tok.size(1) >= 1,
+      "hidden_states tokens must be ", tok_shape, " ((", c.patch_size_t, ", ", c.patch_size, ", ",
+      c.patch_size, ") patches of ", c.in_channels, " channels), got ", shape_string(tok.sizes()));
+  const int64_t b = tok.size(0), n = tok.size(1);
+  const auto& ids = in.token_ids;
+  XF_CHECK(ids.dim() == 2 && ids.size(0) == n && ids.size(1) == 3, "token_ids must be [", n,
+           ", 3] ((f, h, w) of each token), got ", shape_string(ids.sizes()));
+  XF_CHECK(at::isFloatingType(ids.scalar_type()) || at::isIntegralType(ids.scalar_type(), false),
+           "token_ids must be a real tensor, got ", ids.scalar_type());
+  const auto& enc = in.text;
+  XF_CHECK(
+      enc.dim() == 3 && enc.size(0) == b && enc.size(2) == c.text_embed_dim && enc.size(1) >= 1,
+      "encoder_hidden_states must be [", b, ", L, ", c.text_embed_dim, "], got ",
+      shape_string(enc.sizes()));
+  const int64_t l = enc.size(1);
+  if (in.text_mask.defined()) {
+    XF_CHECK(in.text_mask.dim() == 2 && in.text_mask.size(0) == b && in.text_mask.size(1) == l,
+             "encoder_attention_mask must be [", b, ", ", l,
+             "] (batch x text tokens of encoder_hidden_states), got ",
+             shape_string(in.text_mask.sizes()));
+    XF_CHECK(in.text_mask.scalar_type() == at::kBool,
+             "the token-level text_mask must be bool (true: a text token), got ",
+             in.text_mask.scalar_type());
+  }
+  const auto& pooled = in.pooled;
+  XF_CHECK(pooled.dim() == 2 && pooled.size(0) == b && pooled.size(1) == c.pooled_projection_dim,
+           "pooled_projections must be [", b, ", ", c.pooled_projection_dim, "], got ",
+           shape_string(pooled.sizes()));
+  XF_CHECK(in.timestep.dim() == 1 && (in.timestep.size(0) == b || in.timestep.size(0) == 1),
+           "timestep must be [", b, "] (or [1]), got ", shape_string(in.timestep.sizes()));
+  XF_CHECK(at::isFloatingType(in.timestep.scalar_type()) ||
+               at::isIntegralType(in.timestep.scalar_type(), false),
+           "timestep must be an integer or floating tensor, got ", in.timestep.scalar_type());
+  if (c.guidance_embeds) {
+    XF_CHECK(in.guidance.dim() == 1 && (in.guidance.size(0) == b || in.guidance.size(0) == 1),
+             "guidance must be [", b, "] (or [1]), got ", shape_string(in.guidance.sizes()));
+  }
+  for (const auto* t : {&tok, &enc, &pooled}) {
+    XF_CHECK(at::isFloatingType(t->scalar_type()),
+             "hidden_states, encoder_hidden_states and pooled_projections must be floating point, "
+             "got ",
+             t->scalar_type());
+  }
+  XF_CHECK(in.extra.empty(), "HunyuanVideoTransformer3DModel takes no extra inputs, got ",
+           in.extra.size());
+}
+
+dit::DiTActivations HunyuanVideoTransformer3DModel::embed(const dit::DiTInputs& in) const {
+  XF_CONTEXT("HunyuanVideoTransformer3DModel.embed");
+  const auto dtype = this->dtype();
+  dit::DiTActivations a;
+  a.temb = time_text_embed_->forward(in.timestep, in.pooled.to(dtype),
+                                     config_.guidance_embeds ? in.guidance : at::Tensor());
+  if (x_embedder_) a.hidden = x_embedder_->forward(in.tokens.to(dtype));  // [B, n, D]
+  if (context_embedder_) {
+    a.context = context_embedder_->forward(in.text.to(dtype), in.timestep, in.text_mask);
+  }
+  a.text_tokens = in.text.size(1);
+  if (in.text_mask.defined()) {
+    // diffusers attends the first N + sum(mask[b]) keys of [image, text].
+    const int64_t l = in.text.size(1);
+    auto counts = in.text_mask.sum(1, /*keepdim=*/true);                // [B, 1] int64
+    auto keys = at::arange(l, counts.options()).unsqueeze(0) < counts;  // [B, L]
+    if (!keys.all().item<bool>()) a.extra["text_key_mask"] = keys;
+  }
+  a.rope = rope(in.token_ids, config_.rope_axes_dim, config_.rope_theta);
+  return a;
+}
+
+void HunyuanVideoTransformer3DModel::run_blocks(dit::DiTActivations& a, int64_t begin,
+                                                int64_t end) const {
+  const int64_t doubles = config_.num_layers;
+  XF_CHECK(0 <= begin && begin <= end && end <= num_blocks(), "run_blocks: range [", begin, ", ",
+           end, ") is outside the ", num_blocks(), " blocks (", doubles, " double + ",
+           config_.num_single_layers, " single)");
+  if (begin == end) return;
+  XF_CHECK(a.hidden.defined(), "run_blocks: the image stream is undefined (a part without the ",
+           "embedders needs the previous stage's activations)");
+  XF_CHECK(a.joined || a.context.defined(), "run_blocks: the activations lack the text stream");
+  XF_CHECK(a.rope.cos.defined(),
+           "run_blocks: the activations lack the rotary tables (they come "
+           "from embed())");
+  const int64_t l = a.text_tokens;
+  const int64_t n = a.joined ? a.hidden.size(1) - l : a.hidden.size(1);
+  XF_CHECK(a.rope.cos.size(0) == n, "run_blocks: ", a.rope.cos.size(0), " rotary rows for ", n,
+           " image tokens");
+  at::Tensor text_keys;
+  if (auto it = a.extra.find("text_key_mask"); it != a.extra.end()) text_keys = it->second;
+  const at::Tensor mask = joint_key_mask(text_keys, n);
+  AttendFn attend = [this](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const AttentionCall& call) { return this->attend(q, k, v, call); };
+  for (int64_t i = begin; i < std::min(end, doubles); ++i) {
+    XF_CONTEXT("transformer_blocks.", i);
+    profiling::Span span("block", "transformer_block");
+    span.arg("index", i);
+    XF_CHECK(!a.joined, "run_blocks: the activations are already joined for the single blocks");
+    XF_CHECK(blocks_[i], "transformer_blocks.", i, " is not held by this model part (blocks [",
+             part_.block_begin, ", ", part_.block_end, "))");
+    blocks_[i]->forward(a.hidden, a.context, a.temb, a.rope, mask, attend, i, tp_ops());
+  }
+  for (int64_t i = std::max(begin, doubles); i < end; ++i) {
+    const int64_t j = i - doubles;
+    XF_CONTEXT("single_transformer_blocks.", j);
+    profiling::Span span("block", "single_transformer_block");
+    span.arg("index", j);
+    XF_CHECK(single_blocks_[j], "single_transformer_blocks.", j,
+             " is not held by this model part (blocks [", part_.block_begin, ", ", part_.block_end,
+             "))");
+    if (!a.joined) {
+      a.hidden = at::cat({a.hidden, a.context}, 1);  // [B, n + L, D]
+      a.context = at::Tensor();
+      a.joined = true;
+    }
+    a.hidden = single_blocks_[j]->forward(a.hidden, a.temb, a.rope, mask, attend, i, l, tp_ops());
+  }
+}
+
+at::Tensor HunyuanVideoTransformer3DModel::finalize(const dit::DiTActivations& a) const {
+  XF_CHECK(proj_out_, "finalize: norm_out/proj_out are not held by this model part");
+  XF_CHECK(a.hidden.defined(), "finalize: the image stream is undefined");
+  auto x = a.joined ? a.hidden.narrow(1, 0, a.hidden.size(1) - a.text_tokens) : a.hidden;
+  return proj_out_->forward(norm_out_->forward(x, a.temb));  // [B, n, out_C*pt*p*p]
+}
+
+TensorMap HunyuanVideoTransformer3DModel::forward_outputs(const at::Tensor& tokens,
+                                                          const TensorMap& inputs) const {
+  auto it = inputs.find("hidden_states");
+  XF_CHECK(it != inputs.end() && it->second.dim() == 5,
+           "HunyuanVideoTransformer3DModel: the outputs need the 5-D hidden_states input");
+  const auto& hs = it->second;
+  const int64_t pt = config_.patch_size_t, p = config_.patch_size;
+  return {{"sample", unpatchify(tokens, hs.size(2) / pt, hs.size(3) / p, hs.size(4) / p, pt, p,
+                                config_.resolved_out_channels())}};
+}
+
+std::shared_ptr<dit::DiTTransformer> make_hunyuan_video_transformer(const nlohmann::json& config,
+                                                                    const std::string& config_path,
+                                                                    dit::DiTPart part,
+                                                                    TensorParallel tp) {
+  return std::make_shared<HunyuanVideoTransformer3DModel>(
+      HunyuanVideoConfig::from_json(config, config_path), part, tp);
+}
+
+}  // namespace xfuser::models::hunyuan_video
