@@ -477,6 +477,18 @@ TEST_F(HunyuanTest, BadInputsAreClearErrors) {
   fails(with("guidance", {}), {"missing", "guidance", "guidance_embeds"});
   fails(with("timestep", at::ones({3})), {"timestep", "[2]"});
   fails(with("img_ids", at::ones({3})), {"unknown input", "img_ids"});
+  // A text split over sequence-parallel ranks (what the drivers do when L divides by the degree)
+  // cannot go through the token refiner.
+  auto in = model->parse_forward_inputs(inputs);
+  EXPECT_EQ(in.extra.at("text_tokens").item<int64_t>(), 7);
+  auto half = in;
+  half.text = in.text.narrow(1, 0, 3);
+  half.text_mask = in.text_mask.narrow(1, 0, 3);
+  expect_error_containing([&] { model->forward(half); },
+                          {"holds 3 of the prompt's 7 text tokens", "sequence-parallel"});
+  expect_error_containing([&] { model->embed(half); }, {"split over sequence-parallel ranks"});
+  half.extra.erase("text_tokens");  // a caller that states nothing is trusted
+  EXPECT_EQ(model->forward(half).size(1), 48);
 }
 
 }  // namespace

@@ -40,6 +40,27 @@ at::Tensor joint_key_mask(const at::Tensor& text_keys, int64_t image_tokens) {
   return at::cat({image, text_keys}, 1);
 }
 
+// DiTInputs.extra["text_tokens"] ([1] or [B] int64, set by parse_forward_inputs): the whole
+// text's length. The sequence-parallel drivers split the text over the ranks when its length
+// divides by the degree; the token refiner (a masked mean and a self-attention over the text)
+// cannot embed a slice, so a split text is an error instead of a silently different result.
+void check_whole_text(const dit::DiTInputs& in) {
+  auto it = in.extra.find("text_tokens");
+  if (it == in.extra.end() || !in.text.defined()) return;
+  const auto& t = it->second;
+  XF_CHECK(t.dim() == 1 && t.numel() >= 1 && !at::isFloatingType(t.scalar_type()),
+           "extra input 'text_tokens' must be an integer [1] or [B] tensor (the whole text's "
+           "length), got ",
+           shape_string(t.sizes()), " ", t.scalar_type());
+  const int64_t whole = t.max().item<int64_t>(), l = in.text.size(1);
+  XF_CHECK(t.min().item<int64_t>() == whole && l == whole, "encoder_hidden_states holds ", l,
+           " of the prompt's ", whole,
+           " text tokens: the text was split over sequence-parallel ranks, but HunyuanVideo's "
+           "token refiner (a masked mean and a self-attention over the text) needs the whole "
+           "text on every rank. The sequence-parallel drivers keep the text whole only when its "
+           "length does not divide by --ulysses_degree x --ring_degree");
+}
+
 }  // namespace
 
 // ---- embedders ----------------------------------------------------------------------------------
@@ -541,6 +562,9 @@ dit::DiTInputs HunyuanVideoTransformer3DModel::parse_forward_inputs(const Tensor
              "got other values");
   }
   in.text_mask = mask.to(at::kBool);
+  if (in.text.defined() && in.text.dim() == 3) {
+    in.extra["text_tokens"] = at::full({1}, in.text.size(1), in.text.options().dtype(at::kLong));
+  }
   check_inputs(in);
   return in;
 }
@@ -606,8 +630,11 @@ void HunyuanVideoTransformer3DModel::check_inputs(const dit::DiTInputs& in) cons
              "got ",
              t->scalar_type());
   }
-  XF_CHECK(in.extra.empty(), "HunyuanVideoTransformer3DModel takes no extra inputs, got ",
-           in.extra.size());
+  for (const auto& [name, t] : in.extra) {
+    XF_CHECK(name == "text_tokens", "HunyuanVideoTransformer3DModel: unknown extra input '", name,
+             "' (accepted: text_tokens)");
+  }
+  check_whole_text(in);
 }
 
 dit::DiTActivations HunyuanVideoTransformer3DModel::embed(const dit::DiTInputs& in) const {
@@ -617,6 +644,7 @@ dit::DiTActivations HunyuanVideoTransformer3DModel::embed(const dit::DiTInputs& 
   a.temb = time_text_embed_->forward(in.timestep, in.pooled.to(dtype),
                                      config_.guidance_embeds ? in.guidance : at::Tensor());
   if (x_embedder_) a.hidden = x_embedder_->forward(in.tokens.to(dtype));  // [B, n, D]
+  check_whole_text(in);
   if (context_embedder_) {
     a.context = context_embedder_->forward(in.text.to(dtype), in.timestep, in.text_mask);
   }

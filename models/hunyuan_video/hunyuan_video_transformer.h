@@ -7,7 +7,9 @@
 // frequencies) are computed per token from token_ids, so any subset of the tokens embeds exactly
 // as in the full video. DiTInputs.text is encoder_hidden_states [B, L, text_embed_dim],
 // text_mask the encoder_attention_mask [B, L] (bool; undefined = every text token valid), pooled
-// the pooled_projections, guidance the embedded guidance.
+// the pooled_projections, guidance the embedded guidance; extra["text_tokens"] ([1] int64, set by
+// parse_forward_inputs) the whole text's length, so that a text split over sequence-parallel
+// ranks is an error (the token refiner needs the whole text; see "Parallelism" below).
 //
 //   embed       x_embedder (Conv3d as a matmul over patches); time_text_embed (timestep +
 //               pooled text + guidance); context_embedder (HunyuanVideoTokenRefiner: the masked
@@ -31,9 +33,13 @@
 // per token). Attention layer indices given to the hook: double block i -> i, single block j ->
 // num_layers + j.
 //
-// Tensor parallelism (degree n) splits the blocks by whole heads as FLUX does (q/k/v and the
-// modulation linears column-parallel, to_out / to_add_out / ff.net.2 / proj_out row-parallel);
-// the embedders, the token refiner and the head are replicated.
+// Parallelism. Tensor parallelism (degree n) splits the blocks by whole heads as FLUX does (q/k/v
+// and the modulation linears column-parallel, to_out / to_add_out / ff.net.2 / proj_out
+// row-parallel); the embedders, the token refiner and the head are replicated. Sequence
+// parallelism (models/dit/dit_parallel.cpp) works when the drivers keep the text whole (its
+// length does not divide by the sp degree: TextMode::kReplicated) and no text key is masked;
+// a split text is refused (check_inputs / embed), a masked one by UspAttention (no masks under
+// sequence parallelism). PipeFusion has the same limits.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,155 @@
+// HunyuanVideoTransformer3DModel under the generic DiT drivers (mpiexec, NP 2): tensor parallel 2
+// equals one rank and diffusers on both fixtures (the padded-text one included: the attention is
+// local); Ulysses 2 and ring 2 equal one rank when the drivers keep the text whole (a text length
+// that does not divide by the degree) and no text key is masked; a split text and a masked text
+// under sequence parallelism are clear errors on every rank (no hang, no silently wrong output).
+#include <mpi.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
+#include "models/dit/dit_parallel.h"
+#include "models/hunyuan_video/hunyuan_video_transformer.h"
+#include "models/weights/safetensors.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/process_groups.h"
+#include "parallel/world_config.h"
+#include "tests/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using xfuser::models::SafetensorsFile;
+using xfuser::models::TensorMap;
+using xfuser::models::hunyuan_video::HunyuanVideoConfig;
+using xfuser::models::hunyuan_video::HunyuanVideoTransformer3DModel;
+using xfuser::parallel::MpiCommunicator;
+using xfuser::parallel::ProcessGroups;
+using xfuser::parallel::WorldConfig;
+using xfuser::testing::expect_error_containing;
+using xfuser::testing::max_rel_error;
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+fs::path fixture_case(const std::string& name) {
+  return xfuser::testing::fixtures_dir() / "diffusers-v0.33.1" / name;
+}
+
+TensorMap fixture_inputs(const fs::path& dir) {
+  SafetensorsFile file((dir / "inputs.safetensors").string());
+  TensorMap named;
+  for (const auto& n : file.names()) named[n] = file.get(n).clone();
+  return named;
+}
+
+class HunyuanParallel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    world_ = std::make_shared<MpiCommunicator>("world", std::chrono::seconds(60));
+  }
+  static void TearDownTestSuite() { world_.reset(); }
+  std::shared_ptr<ProcessGroups> groups(int ulysses, int ring, int tp) {
+    return std::make_shared<ProcessGroups>(
+        WorldConfig::from_degrees(world_->size(), 1, 1, 1, ulysses, ring, tp), world_);
+  }
+  c10::InferenceMode guard_;
+  static std::shared_ptr<MpiCommunicator> world_;
+};
+std::shared_ptr<MpiCommunicator> HunyuanParallel::world_;
+
+TEST_F(HunyuanParallel, TensorParallelTwoEqualsOneRankAndDiffusers) {
+  for (const std::string name : {"hunyuan_video-tiny-s1", "hunyuan_video-masked-s1"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = fixture_case(name);
+    XF_REQUIRE_FIXTURE(dir);
+    auto one = xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, nullptr);
+    auto named = fixture_inputs(dir);
+    const auto in = one->parse_forward_inputs(named);
+    const auto want = one->forward(in);
+    const auto diffusers = SafetensorsFile((dir / "output.safetensors").string()).get("sample");
+    auto g = groups(1, 1, 2);
+    auto tp = xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, g.get());
+    EXPECT_EQ(tp->tensor_parallel().size, 2);
+    EXPECT_LT(tp->num_parameters(), one->num_parameters());
+    auto got = xfuser::models::dit::sequence_parallel_forward(*tp, in, *g);
+    const double rel = max_rel_error(got, want);
+    const double rel_diffusers =
+        max_rel_error(tp->forward_outputs(got, named).at("sample"), diffusers);
+    if (world_rank() == 0) {
+      std::printf("[hunyuan tp] %-24s tp 2: vs one rank %.2e, vs diffusers %.2e\n", name.c_str(),
+                  rel, rel_diffusers);
+    }
+    EXPECT_LE(rel, 1e-5);
+    EXPECT_LE(rel_diffusers, 1e-4);
+  }
+}
+
+TEST_F(HunyuanParallel, UlyssesAndRingWithTheTextWholeEqualOneRank) {
+  const fs::path dir = fixture_case("hunyuan_video-tiny-s1");
+  XF_REQUIRE_FIXTURE(dir);
+  auto model = xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, nullptr);
+  auto named = fixture_inputs(dir);
+  // 11 of the 12 text tokens: 11 does not divide by 2, so the drivers replicate the text.
+  named["encoder_hidden_states"] = named["encoder_hidden_states"].narrow(1, 0, 11);
+  named["encoder_attention_mask"] = named["encoder_attention_mask"].narrow(1, 0, 11);
+  auto in = model->parse_forward_inputs(named);
+  // And an odd image token count (a 1 x 3 x 5 grid: the chunks are padded).
+  auto odd = in;
+  odd.tokens = in.tokens.narrow(1, 0, 15);
+  odd.token_ids = HunyuanVideoTransformer3DModel::token_ids(1, 3, 5, in.tokens.options());
+  for (const auto* inputs : {&in, &odd}) {
+    const auto want = model->forward(*inputs);
+    for (auto [ulysses, ring] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}}) {
+      auto got = xfuser::models::dit::sequence_parallel_forward(*model, *inputs,
+                                                                *groups(ulysses, ring, 1));
+      const double rel = max_rel_error(got, want);
+      if (world_rank() == 0) {
+        std::printf("[hunyuan sp] %3lld tokens, ulysses %d ring %d: vs one rank %.2e\n",
+                    static_cast<long long>(inputs->tokens.size(1)), ulysses, ring, rel);
+      }
+      EXPECT_LE(rel, 1e-5) << "ulysses " << ulysses << " ring " << ring;
+    }
+  }
+}
+
+TEST_F(HunyuanParallel, SplitOrMaskedTextUnderSequenceParallelIsAClearError) {
+  const fs::path tiny = fixture_case("hunyuan_video-tiny-s1");
+  const fs::path masked = fixture_case("hunyuan_video-masked-s1");
+  XF_REQUIRE_FIXTURE(tiny);
+  XF_REQUIRE_FIXTURE(masked);
+  // 12 text tokens over 2 ranks: the drivers split the text, which the token refiner refuses.
+  auto model = xfuser::models::dit::load_dit_transformer(tiny.string(), at::kFloat, nullptr);
+  const auto in = model->parse_forward_inputs(fixture_inputs(tiny));
+  for (auto [ulysses, ring] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}}) {
+    auto g = groups(ulysses, ring, 1);
+    expect_error_containing([&] { xfuser::models::dit::sequence_parallel_forward(*model, in, *g); },
+                            {"holds 6 of the prompt's 12 text tokens", "whole text"});
+  }
+  // 7 text tokens (kept whole) with padding: the key mask is refused by the USP attention.
+  auto padded = xfuser::models::dit::load_dit_transformer(masked.string(), at::kFloat, nullptr);
+  const auto pin = padded->parse_forward_inputs(fixture_inputs(masked));
+  auto g = groups(2, 1, 1);
+  expect_error_containing([&] { xfuser::models::dit::sequence_parallel_forward(*padded, pin, *g); },
+                          {"masks are not supported under sequence parallelism"});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  xfuser::set_process_rank(world_rank());
+  const int result = RUN_ALL_TESTS();
+  MPI_Finalize();
+  return result;
+}
