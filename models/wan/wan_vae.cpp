@@ -51,6 +51,8 @@ struct WanFeatCache {
   };
   std::vector<Entry> entries;
   size_t idx = 0;
+  // The patch-parallel decode's band context (null: the tensors are whole frames).
+  const vae::SpatialContext* ctx = nullptr;
 
   Entry& current() {
     if (idx >= entries.size()) entries.resize(idx + 1);
@@ -74,7 +76,10 @@ class WanCausalConv3d : public Module {
   }
 
   // x [B, in, T, H, W]; `cache` (undefined: none) [B, in, <= 2*pad_t, H, W] precedes x in time.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cache = {}) const {
+  // With a context, x and cache are a band of rows: the row padding comes from ctx->pad_rows on
+  // the temporally padded [cache, x] (the neighbours' rows of the same frames).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cache = {},
+                     const vae::SpatialContext* ctx = nullptr) const {
     XF_CHECK(weight_->tensor.defined(), "WanCausalConv3d used before its weights were loaded");
     XF_CHECK(x.dim() == 5 && x.size(1) == in_, "WanCausalConv3d expects [B, ", in_,
              ", T, H, W], got ", shape_string(x.sizes()));
@@ -85,11 +90,18 @@ class WanCausalConv3d : public Module {
       front -= cache.size(2);
     }
     if (front > 0) h = at::constant_pad_nd(h, {0, 0, 0, 0, front, 0}, 0.0);
+    int64_t pad_h = padding_[1];
+    if (ctx != nullptr && pad_h > 0) {
+      // [B, C, T, h, W] -> [B, C*T, h, W] -> halo rows -> [B, C, T, h + 2 pad_h, W]
+      const int64_t b = h.size(0), c = h.size(1), t = h.size(2), w = h.size(4);
+      h = ctx->pad_rows(h.reshape({b, c * t, h.size(3), w}), pad_h);
+      h = h.view({b, c, t, h.size(2), w});
+      pad_h = 0;
+    }
     const bool up = needs_upcast(h);
     at::Tensor w = up ? weight_->tensor.to(at::kFloat) : weight_->tensor;
     at::Tensor b = up ? bias_->tensor.to(at::kFloat) : bias_->tensor;
-    at::Tensor y =
-        at::conv3d(up ? h.to(at::kFloat) : h, w, b, stride_, {0, padding_[1], padding_[2]});
+    at::Tensor y = at::conv3d(up ? h.to(at::kFloat) : h, w, b, stride_, {0, pad_h, padding_[2]});
     return up ? y.to(x.scalar_type()) : y;
   }
 
@@ -113,7 +125,7 @@ at::Tensor cached_conv(const WanCausalConv3d& conv, const at::Tensor& x, WanFeat
   if (cache_x.size(2) < 2 && e.t.defined()) {
     cache_x = at::cat({last_frames(e.t, 1), cache_x}, 2);
   }
-  at::Tensor y = conv.forward(x, e.t);
+  at::Tensor y = conv.forward(x, e.t, cache.ctx);
   e.t = cache_x;
   ++cache.idx;
   return y;
@@ -196,7 +208,9 @@ class WanAttentionBlock : public Module {
     proj_ = child("proj", std::make_shared<Conv2d>(dim, dim, 1));
   }
 
-  at::Tensor forward(const at::Tensor& x) const {
+  // With a context, x is a band of rows: the queries stay local, the keys/values of the whole
+  // frame come from ctx->gather_tokens (rows in band order: the frame's row-major order).
+  at::Tensor forward(const at::Tensor& x, const vae::SpatialContext* ctx = nullptr) const {
     const int64_t b = x.size(0), c = x.size(1), t = x.size(2), hh = x.size(3), ww = x.size(4);
     at::Tensor h = x.permute({0, 2, 1, 3, 4}).reshape({b * t, c, hh, ww});  // [BT, C, H, W]
     h = norm_->forward(h);
@@ -205,6 +219,10 @@ class WanAttentionBlock : public Module {
     at::Tensor q = qkv.narrow(2, 0, c).unsqueeze(2);
     at::Tensor k = qkv.narrow(2, c, c).unsqueeze(2);
     at::Tensor v = qkv.narrow(2, 2 * c, c).unsqueeze(2);
+    if (ctx != nullptr) {
+      k = ctx->gather_tokens(k.squeeze(2).contiguous()).unsqueeze(2);  // [BT, N, 1, C]
+      v = ctx->gather_tokens(v.squeeze(2).contiguous()).unsqueeze(2);
+    }
     backends::AttentionOptions opts;
     opts.scale = 1.0 / std::sqrt(static_cast<double>(dim_));
     at::Tensor o = backends::attention(q, k, v, opts).out;  // [BT, HW, 1, C]
@@ -276,7 +294,7 @@ class WanResample : public CachedLayer {
         at::Tensor up =
             at::_upsample_nearest_exact2d(frames.to(at::kFloat), {2 * hh, 2 * ww}, 2.0, 2.0)
                 .to(frames.scalar_type());
-        frames = conv_->forward(up, 1, 1);
+        frames = conv_->forward(up, 1, 1, cache.ctx);
         break;
       }
       case ResampleMode::kDownsample2d:
@@ -319,7 +337,7 @@ class WanMidBlock : public Module {
 
   at::Tensor forward(const at::Tensor& x, WanFeatCache& cache) const {
     at::Tensor h = resnet0_->forward(x, cache);
-    h = attention_->forward(h);
+    h = attention_->forward(h, cache.ctx);
     return resnet1_->forward(h, cache);
   }
 
@@ -599,9 +617,10 @@ std::pair<at::Tensor, at::Tensor> AutoencoderKLWan::encode(const at::Tensor& x) 
 
 // --- decode ------------------------------------------------------------------------------------
 
-at::Tensor AutoencoderKLWan::decode_one(const at::Tensor& z) const {
+at::Tensor AutoencoderKLWan::decode_one(const at::Tensor& z, const vae::SpatialContext* ctx) const {
   at::Tensor x = post_quant_conv_->forward(z);
   WanFeatCache cache;
+  cache.ctx = ctx;
   std::vector<at::Tensor> outs;
   for (int64_t i = 0; i < x.size(2); ++i) {
     cache.idx = 0;
@@ -612,16 +631,18 @@ at::Tensor AutoencoderKLWan::decode_one(const at::Tensor& z) const {
   return out.clamp(-1.0, 1.0);
 }
 
-at::Tensor AutoencoderKLWan::decode(const at::Tensor& z) const {
+at::Tensor AutoencoderKLWan::decode(const at::Tensor& z) const { return decode(z, nullptr); }
+
+at::Tensor AutoencoderKLWan::decode(const at::Tensor& z, const vae::SpatialContext* ctx) const {
   XF_CONTEXT("AutoencoderKLWan.decode");
-  check_latent("latent z", z);
+  check_latent(ctx != nullptr ? "latent band z" : "latent z", z);
   at::Tensor zi = z.to(dtype());
   if (use_slicing_ && zi.size(0) > 1) {
     std::vector<at::Tensor> parts;
-    for (const auto& s : zi.split(1)) parts.push_back(decode_one(s));
+    for (const auto& s : zi.split(1)) parts.push_back(decode_one(s, ctx));
     return at::cat(parts);
   }
-  return decode_one(zi);
+  return decode_one(zi, ctx);
 }
 
 // --- call --------------------------------------------------------------------------------------

@@ -28,6 +28,10 @@
 
 #include "models/common/component.h"
 
+namespace xfuser::models::vae {
+class SpatialContext;
+}
+
 namespace xfuser::models::wan {
 
 struct WanVAEConfig {
@@ -70,6 +74,12 @@ class AutoencoderKLWan : public Component {
   std::pair<at::Tensor, at::Tensor> encode(const at::Tensor& x) const;
   // z [B, z_dim, f, h, w] -> [B, 3, 1 + temporal_scale()*(f-1), 8h, 8w], clamped to [-1, 1].
   at::Tensor decode(const at::Tensor& z) const;
+  // The band decode of the patch-parallel VAE: with a context, z [B, z_dim, f, rows, w] is this
+  // rank's band of latent rows and the result its band of pixel rows [B, 3, F, 8 rows, 8w]. Every
+  // spatial 3x3 convolution takes its halo rows from ctx->pad_rows (on the cached frames and the
+  // chunk together, so each rank caches only its own rows), and the mid-block attention attends
+  // over ctx->gather_tokens of the frame's keys/values. A null context is decode(z).
+  at::Tensor decode(const at::Tensor& z, const vae::SpatialContext* ctx) const;
 
   // 2^(number of true in temperal_downsample): 4 for Wan 2.1.
   int64_t temporal_scale() const;
@@ -85,7 +95,7 @@ class AutoencoderKLWan : public Component {
  private:
   // The moments [B, 2*z_dim, f, h, w] after quant_conv, for the whole batch at once.
   at::Tensor encode_moments(const at::Tensor& x) const;
-  at::Tensor decode_one(const at::Tensor& z) const;
+  at::Tensor decode_one(const at::Tensor& z, const vae::SpatialContext* ctx) const;
   // Rank, channels, sizes and frame count of an encode / decode input.
   void check_video(const std::string& what, const at::Tensor& x) const;
   void check_latent(const std::string& what, const at::Tensor& z) const;
