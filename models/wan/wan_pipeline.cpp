@@ -17,6 +17,7 @@
 #include "models/wan/wan_prompt.h"
 #include "models/wan/wan_transformer.h"
 #include "models/wan/wan_vae.h"
+#include "models/wan/wan_vae_parallel.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/hub_cache.h"
 #include "parallel/process_groups.h"
@@ -102,9 +103,6 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
   scheduler_config_ = dir / "scheduler" / "scheduler_config.json";
   scheduler_config(scheduler_config_, std::nullopt);  // fail before any compute
   XF_CHECK(!options.enable_tiling, "--enable_tiling is not supported by the Wan VAE yet");
-  XF_CHECK(!options.parallel_vae,
-           "--use_parallel_vae is not supported by the Wan VAE yet (the 3D causal decoder runs "
-           "whole on every rank)");
 
   tokenizer_ = tokenizers::load_tokenizer(dir / "tokenizer");
   experts_.clear();
@@ -411,7 +409,13 @@ void WanModel::decode(State& base) {
   const at::Tensor mean = at::tensor(vc.latents_mean, host).to(options).view({1, z, 1, 1, 1});
   const at::Tensor inv_std =
       (1.0 / at::tensor(vc.latents_std, host)).to(options).view({1, z, 1, 1, 1});
-  const at::Tensor video = wan_vae_->decode(latents.to(options) / inv_std + mean);  // [B,3,F,H,W]
+  const at::Tensor scaled = latents.to(options) / inv_std + mean;
+  const auto& groups = process_groups();
+  // --use_parallel_vae: bands of latent rows over the replica group (every rank that holds the
+  // same videos), all-gathered: every rank ends with the whole video.
+  const at::Tensor video = load_options().parallel_vae && groups
+                               ? patch_parallel_decode(*wan_vae_, scaled, groups->replica())
+                               : wan_vae_->decode(scaled);  // [B, 3, F, H, W]
   at::Tensor x = (video.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
   s.images = (x * 255).round().to(at::kByte).permute({0, 2, 3, 4, 1}).contiguous();
 }
@@ -482,6 +486,7 @@ std::vector<ModelSpec> model_specs() {
   t2v.parallelism.data_parallel = true;
   t2v.parallelism.pipefusion = true;
   t2v.parallelism.tensor_parallel = true;
+  t2v.parallelism.parallel_vae = true;
   t2v.maturity = "experimental";
   t2v.description =
       "Wan 2.1 text-to-video 14B: UMT5-XXL, 3D RoPE DiT with cross-attention, causal 3D VAE, "
