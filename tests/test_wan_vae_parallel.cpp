@@ -147,6 +147,26 @@ TEST_F(ParallelWanVae, EveryLayerUsesTheContextNotJustTheEnds) {
   EXPECT_LE(max_rel_error(vae->decode(z, &isolated), want), 1e-6);
 }
 
+TEST_F(ParallelWanVae, BadLatentsAreClearErrorsOnEveryRank) {
+  // Thrown before any exchange, on every rank alike (no rank left waiting for a halo).
+  auto vae = load_fixture("wan_vae-tiny-s1");
+  ASSERT_NE(vae, nullptr);
+  xfuser::testing::expect_error_containing(
+      [&] {
+        patch_parallel_decode(*vae, at::zeros({1, 4, 4, 4}), *world_);
+      },
+      {"patch-parallel Wan VAE decode expects z [B, z_dim, f, h, w]", "[1, 4, 4, 4]"});
+  xfuser::testing::expect_error_containing(
+      [&] {
+        patch_parallel_decode(*vae, at::zeros({1, 5, 2, 6, 4}), *world_);
+      },
+      {"latent band z", "z_dim"});
+  // The communicator still works afterwards.
+  at::manual_seed(5);
+  const at::Tensor z = at::randn({1, 4, 1, 4, 3});
+  EXPECT_LE(max_rel_error(patch_parallel_decode(*vae, z, *world_), vae->decode(z)), 1e-5);
+}
+
 TEST(ParallelWanVaePipeline, TinyWanUlyssesWithParallelVaeWritesTheSameFrames) {
   if (under_mpi()) GTEST_SKIP() << "runs mpirun itself: run as one process";
   setenv("XFUSER_CACHE", (xfuser::testing::binary_dir() / "test-cache").c_str(), 1);
