@@ -77,7 +77,7 @@ class WanCausalConv3d : public Module {
 
   // x [B, in, T, H, W]; `cache` (undefined: none) [B, in, <= 2*pad_t, H, W] precedes x in time.
   // With a context, x and cache are a band of rows: the row padding comes from ctx->pad_rows on
-  // the temporally padded [cache, x] (the neighbours' rows of the same frames).
+  // [cache, x] (the neighbours' rows of the same frames: each rank caches only its own rows).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cache = {},
                      const vae::SpatialContext* ctx = nullptr) const {
     XF_CHECK(weight_->tensor.defined(), "WanCausalConv3d used before its weights were loaded");
@@ -89,15 +89,16 @@ class WanCausalConv3d : public Module {
       h = at::cat({cache, x}, 2);
       front -= cache.size(2);
     }
-    if (front > 0) h = at::constant_pad_nd(h, {0, 0, 0, 0, front, 0}, 0.0);
     int64_t pad_h = padding_[1];
     if (ctx != nullptr && pad_h > 0) {
-      // [B, C, T, h, W] -> [B, C*T, h, W] -> halo rows -> [B, C, T, h + 2 pad_h, W]
+      // [B, C, T, h, W] -> [B, C*T, h, W] -> halo rows -> [B, C, T, h + 2 pad_h, W]; before the
+      // zero frames (whose halo rows are zeros: not sent).
       const int64_t b = h.size(0), c = h.size(1), t = h.size(2), w = h.size(4);
       h = ctx->pad_rows(h.reshape({b, c * t, h.size(3), w}), pad_h);
       h = h.view({b, c, t, h.size(2), w});
       pad_h = 0;
     }
+    if (front > 0) h = at::constant_pad_nd(h, {0, 0, 0, 0, front, 0}, 0.0);
     const bool up = needs_upcast(h);
     at::Tensor w = up ? weight_->tensor.to(at::kFloat) : weight_->tensor;
     at::Tensor b = up ? bias_->tensor.to(at::kFloat) : bias_->tensor;

@@ -5,10 +5,10 @@
 //   - rank r decodes latent rows [start_r, start_r + rows_r) of every frame (vae::band_rows: the
 //     first h % P ranks one row more), frame by frame with its own feature cache (its band's rows
 //     of the last 2 frames of every causal convolution's input);
-//   - every spatial 3x3(x3) convolution pads its temporally padded input [cached frames, chunk]
-//     with 1 halo row from each neighbouring band (isend/irecv, tag kVaeHalo), so the cached
-//     frames' halo rows are the neighbours' cached rows: exact; zero padding only at the video's
-//     top and bottom edges;
+//   - every spatial 3x3(x3) convolution pads its input [cached frames, chunk] with 1 halo row
+//     from each neighbouring band (one batch_p2p, tag kVaeHalo) before the causal zero frames, so
+//     the cached frames' halo rows are the neighbours' cached rows: exact; zero padding only at
+//     the video's top and bottom edges;
 //   - WanRMS_norm normalises over channels (per pixel): nothing exchanged;
 //   - the mid-block attention (per frame) attends over the gathered keys/values of the whole
 //     frame, queries local;
