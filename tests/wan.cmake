@@ -6,4 +6,4 @@ xfuser_add_test(test_wan_sequence_parallel.cpp NP 2 TIMEOUT 300 LABELS fixture)
 # The Wan 2.1 T2V pipeline end to end: parity with diffusers' WanPipeline (test_pipeline_parity),
 # prompt cleaning, MP4 output, every parallel layout on 2 and 4 ranks against serial.
 xfuser_add_test(test_wan_prompt.cpp LABELS unit)
-xfuser_add_test(test_wan_run.cpp TIMEOUT 600)
+xfuser_add_test(test_wan_run.cpp TIMEOUT 600 LABELS fixture mpi)
