@@ -65,8 +65,7 @@ std::string models_doc() {
     os << "- weights: " << weights << "\n";
     os << "- defaults: " << s.defaults.width << "x" << s.defaults.height << ", "
        << s.defaults.num_inference_steps << " steps, guidance " << s.defaults.guidance_scale
-       << ", max_sequence_length " << s.defaults.max_sequence_length << video_defaults(s)
-       << "\n";
+       << ", max_sequence_length " << s.defaults.max_sequence_length << video_defaults(s) << "\n";
     const auto par = parallelism_names(s.parallelism);
     os << "- parallelism: " << (par.empty() ? std::string("single rank") : join(par, ", ")) << "\n";
     std::vector<std::string> options(s.options.begin(), s.options.end());
