@@ -28,28 +28,36 @@ AttentionOutput narrow_rows(const AttentionOutput& a, int64_t start, int64_t len
 // which travel around the ring (double-buffered: one batch_p2p per step overlapping the block
 // computation). key_valid[s] is the key mask [Sk] of the block that started on ring rank s
 // (undefined: all real). joint_k/joint_v (optional, [B, T, h, D], replicated text) are attended
-// exactly once, together with the block of ring rank 0. The first `ordered_rows` query rows
+// exactly once, together with the block of ring rank 0, under joint_valid ([B, T] bool, the text
+// keys attended; undefined: all). The first `ordered_rows` query rows
 // (replicated text) merge their partials in ring-rank order, so every ring rank gets bit-identical
 // text outputs.
 AttentionOutput ring_attention(Communicator& ring, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const std::vector<at::Tensor>& key_valid,
                                const at::Tensor& joint_k, const at::Tensor& joint_v,
-                               int64_t ordered_rows, const backends::AttentionOptions& base) {
+                               const at::Tensor& joint_valid, int64_t ordered_rows,
+                               const backends::AttentionOptions& base) {
   const int r_size = ring.size(), r_rank = ring.rank();
   const int64_t sq = q.size(1);
   const bool has_joint = joint_k.defined() && joint_k.size(1) > 0;
 
   auto block = [&](const at::Tensor& kb, const at::Tensor& vb, int src) {
     at::Tensor kk = kb, vv = vb, valid = key_valid[src];
+    backends::AttentionOptions opts = base;
+    if (valid.defined()) opts.mask = valid.view({1, 1, 1, -1});  // [1, 1, 1, Sk]
     if (has_joint && src == 0) {
       kk = at::cat({joint_k, kb}, 1);  // [B, T + Sk, h, D]
       vv = at::cat({joint_v, vb}, 1);
-      if (valid.defined()) {
+      if (joint_valid.defined()) {
+        const int64_t bsz = joint_valid.size(0), sk = kb.size(1);
+        at::Tensor image = valid.defined() ? valid.view({1, sk}).expand({bsz, sk})
+                                           : at::ones({bsz, sk}, joint_valid.options());
+        opts.mask = at::cat({joint_valid, image}, 1).view({bsz, 1, 1, -1});  // [B, 1, 1, T + Sk]
+      } else if (valid.defined()) {
         valid = at::cat({at::ones({joint_k.size(1)}, valid.options()), valid});
+        opts.mask = valid.view({1, 1, 1, -1});
       }
     }
-    backends::AttentionOptions opts = base;
-    if (valid.defined()) opts.mask = valid.view({1, 1, 1, -1});  // [1, 1, 1, Sk]
     return backends::attention(q, kk, vv, opts);
   };
 
@@ -109,7 +117,8 @@ UspAttentionFn UspAttention::as_function() {
 }
 
 at::Tensor UspAttention::attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   int64_t text_tokens, bool text_first, const at::Tensor& mask) {
+                                   int64_t text_tokens, bool text_first, const at::Tensor& mask,
+                                   const at::Tensor& text_key_mask) {
   const int u_size = ulysses_size(), r_size = ring_size(), sp = sp_size();
   XF_CONTEXT("usp attention (ulysses ", u_size, " x ring ", r_size, ", ",
              text_mode_name(text_mode_), " text)");
@@ -139,6 +148,16 @@ at::Tensor UspAttention::attention(const at::Tensor& q, const at::Tensor& k, con
   }
 
   const bool replicated = text_mode_ == TextMode::kReplicated && t > 0;
+  at::Tensor joint_valid;
+  if (text_key_mask.defined()) {
+    XF_CHECK(replicated, "a text key mask needs the text replicated on every rank (",
+             text_mode_name(text_mode_), " text, ", t, " local text rows)");
+    XF_CHECK(text_key_mask.dim() == 2 && text_key_mask.size(0) == b && text_key_mask.size(1) == t &&
+                 text_key_mask.scalar_type() == at::kBool,
+             "text_key_mask must be bool [", b, ", ", t, "], got ", text_key_mask.sizes(), " ",
+             text_key_mask.scalar_type());
+    joint_valid = text_key_mask.to(q.device());
+  }
   const int64_t text_start = text_first ? 0 : c, image_start = text_first ? t : 0;
   const int64_t hp = (heads + u_size - 1) / u_size * u_size, hl = hp / u_size;
   const int u_rank = ulysses_->rank();
@@ -198,7 +217,7 @@ at::Tensor UspAttention::attention(const at::Tensor& q, const at::Tensor& k, con
   // ---- ring (or local) attention over the gathered sequence ---------------------------------
   const at::Tensor q_all = replicated ? at::cat({qt, qd}, 1) : qd;  // [B, T' + U*Sd, hl, D]
   AttentionOutput o = ring_attention(*ring_, q_all, kd.contiguous(), vd.contiguous(), key_valid, kt,
-                                     vt, replicated ? t : 0, base);
+                                     vt, joint_valid, replicated ? t : 0, base);
   const int64_t t_rows = replicated ? t : 0;
   at::Tensor od = o.out.narrow(1, t_rows, u_size * sd).to(q.scalar_type());  // [B, U*Sd, hl, D]
 

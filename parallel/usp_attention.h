@@ -38,6 +38,9 @@ struct UspCall {
   int64_t text_tokens = 0;  // text rows in the LOCAL sequence (L / sp split, L replicated)
   bool text_first = true;   // [text, image] (FLUX) or [image, text] (SD3, HunyuanVideo)
   at::Tensor mask;          // must be undefined when sp > 1 (no masks under sequence parallelism)
+  // [B, T] bool with replicated text: the text keys attended (true) by every query; the image
+  // keys are all attended. Undefined: every text key.
+  at::Tensor text_key_mask;
 };
 
 using UspAttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k,
@@ -59,11 +62,14 @@ class UspAttention {
   const std::vector<int64_t>& valid_tokens() const { return valid_tokens_; }
 
   // q, k, v [B, S_local, H, D] (see the layout above) -> [B, S_local, H, D].
+  // text_key_mask [B, T] bool (optional) masks text keys; it needs replicated text (T = the whole
+  // text on every rank).
   at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       int64_t text_tokens, bool text_first, const at::Tensor& mask = {});
+                       int64_t text_tokens, bool text_first, const at::Tensor& mask = {},
+                       const at::Tensor& text_key_mask = {});
   at::Tensor operator()(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         const UspCall& call) {
-    return attention(q, k, v, call.text_tokens, call.text_first, call.mask);
+    return attention(q, k, v, call.text_tokens, call.text_first, call.mask, call.text_key_mask);
   }
   // A hook-shaped function calling this object (which must outlive it).
   UspAttentionFn as_function();

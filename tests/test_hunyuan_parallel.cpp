@@ -1,8 +1,8 @@
 // HunyuanVideoTransformer3DModel under the generic DiT drivers (mpiexec, NP 2): tensor parallel 2
 // equals one rank and diffusers on both fixtures (the padded-text one included: the attention is
-// local); Ulysses 2 and ring 2 equal one rank when the drivers keep the text whole (a text length
-// that does not divide by the degree) and no text key is masked; a split text and a masked text
-// under sequence parallelism are clear errors on every rank (no hang, no silently wrong output).
+// local); Ulysses 2 and ring 2 equal one rank with the text whole on every rank (the drivers keep
+// it whole for this family), masked text keys included; a text split by the caller is a clear
+// error (no silently wrong output).
 // PipeFusion over 2 stages (the [image, text] streams, then the joined sequence, between stages)
 // equals the serial loop with warm-up through all steps.
 #include <mpi.h>
@@ -97,53 +97,58 @@ TEST_F(HunyuanParallel, TensorParallelTwoEqualsOneRankAndDiffusers) {
   }
 }
 
-TEST_F(HunyuanParallel, UlyssesAndRingWithTheTextWholeEqualOneRank) {
-  const fs::path dir = fixture_case("hunyuan_video-tiny-s1");
-  XF_REQUIRE_FIXTURE(dir);
-  auto model = xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, nullptr);
-  auto named = fixture_inputs(dir);
-  // 11 of the 12 text tokens: 11 does not divide by 2, so the drivers replicate the text.
-  named["encoder_hidden_states"] = named["encoder_hidden_states"].narrow(1, 0, 11);
-  named["encoder_attention_mask"] = named["encoder_attention_mask"].narrow(1, 0, 11);
-  auto in = model->parse_forward_inputs(named);
-  // And an odd image token count (a 1 x 3 x 5 grid: the chunks are padded).
-  auto odd = in;
-  odd.tokens = in.tokens.narrow(1, 0, 15);
-  odd.token_ids = HunyuanVideoTransformer3DModel::token_ids(1, 3, 5, in.tokens.options());
-  for (const auto* inputs : {&in, &odd}) {
-    const auto want = model->forward(*inputs);
-    for (auto [ulysses, ring] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}}) {
-      auto got = xfuser::models::dit::sequence_parallel_forward(*model, *inputs,
-                                                                *groups(ulysses, ring, 1));
-      const double rel = max_rel_error(got, want);
-      if (world_rank() == 0) {
-        std::printf("[hunyuan sp] %3lld tokens, ulysses %d ring %d: vs one rank %.2e\n",
-                    static_cast<long long>(inputs->tokens.size(1)), ulysses, ring, rel);
+TEST_F(HunyuanParallel, UlyssesAndRingKeepTheTextWholeAndEqualOneRank) {
+  // The tiny fixture's 12 text tokens (a length the degree divides: the drivers still keep it
+  // whole, text_whole()), 11 of them, and the masked fixture's padded text (7 tokens, row 1 with 3
+  // masked keys: the key mask on the replicated text under Ulysses and ring).
+  struct Case {
+    std::string name;
+    int64_t text;  // text tokens kept (0: all)
+  };
+  for (const Case& c : std::vector<Case>{{"hunyuan_video-tiny-s1", 0},
+                                         {"hunyuan_video-tiny-s1", 11},
+                                         {"hunyuan_video-masked-s1", 0}}) {
+    SCOPED_TRACE(c.name + " text " + std::to_string(c.text));
+    const fs::path dir = fixture_case(c.name);
+    XF_REQUIRE_FIXTURE(dir);
+    auto model = xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, nullptr);
+    auto named = fixture_inputs(dir);
+    if (c.text > 0) {
+      named["encoder_hidden_states"] = named["encoder_hidden_states"].narrow(1, 0, c.text);
+      named["encoder_attention_mask"] = named["encoder_attention_mask"].narrow(1, 0, c.text);
+    }
+    auto in = model->parse_forward_inputs(named);
+    // And an odd image token count (a 1 x 3 x 5 grid: the chunks are padded).
+    auto odd = in;
+    odd.tokens = in.tokens.narrow(1, 0, 15);
+    odd.token_ids = HunyuanVideoTransformer3DModel::token_ids(1, 3, 5, in.tokens.options());
+    for (const auto* inputs : {&in, &odd}) {
+      const auto want = model->forward(*inputs);
+      for (auto [ulysses, ring] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}}) {
+        auto got = xfuser::models::dit::sequence_parallel_forward(*model, *inputs,
+                                                                  *groups(ulysses, ring, 1));
+        const double rel = max_rel_error(got, want);
+        if (world_rank() == 0) {
+          std::printf("[hunyuan sp] %-24s %2lld text, %3lld tokens, ulysses %d ring %d: %.2e\n",
+                      c.name.c_str(), static_cast<long long>(inputs->text.size(1)),
+                      static_cast<long long>(inputs->tokens.size(1)), ulysses, ring, rel);
+        }
+        EXPECT_LE(rel, 1e-5) << "ulysses " << ulysses << " ring " << ring;
       }
-      EXPECT_LE(rel, 1e-5) << "ulysses " << ulysses << " ring " << ring;
     }
   }
 }
 
-TEST_F(HunyuanParallel, SplitOrMaskedTextUnderSequenceParallelIsAClearError) {
+TEST_F(HunyuanParallel, ASplitTextIsAClearError) {
+  // A caller that shards the text itself (6 of the 12 tokens): the token refiner refuses it.
   const fs::path tiny = fixture_case("hunyuan_video-tiny-s1");
-  const fs::path masked = fixture_case("hunyuan_video-masked-s1");
   XF_REQUIRE_FIXTURE(tiny);
-  XF_REQUIRE_FIXTURE(masked);
-  // 12 text tokens over 2 ranks: the drivers split the text, which the token refiner refuses.
   auto model = xfuser::models::dit::load_dit_transformer(tiny.string(), at::kFloat, nullptr);
-  const auto in = model->parse_forward_inputs(fixture_inputs(tiny));
-  for (auto [ulysses, ring] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}}) {
-    auto g = groups(ulysses, ring, 1);
-    expect_error_containing([&] { xfuser::models::dit::sequence_parallel_forward(*model, in, *g); },
-                            {"holds 6 of the prompt's 12 text tokens", "whole text"});
-  }
-  // 7 text tokens (kept whole) with padding: the key mask is refused by the USP attention.
-  auto padded = xfuser::models::dit::load_dit_transformer(masked.string(), at::kFloat, nullptr);
-  const auto pin = padded->parse_forward_inputs(fixture_inputs(masked));
-  auto g = groups(2, 1, 1);
-  expect_error_containing([&] { xfuser::models::dit::sequence_parallel_forward(*padded, pin, *g); },
-                          {"masks are not supported under sequence parallelism"});
+  auto in = model->parse_forward_inputs(fixture_inputs(tiny));
+  in.text = in.text.narrow(1, 0, 6);
+  in.text_mask = in.text_mask.narrow(1, 0, 6);
+  expect_error_containing([&] { model->forward(in); },
+                          {"holds 6 of the prompt's 12 text tokens", "whole text"});
 }
 
 TEST_F(HunyuanParallel, PipeFusionTwoStagesEqualsSerial) {

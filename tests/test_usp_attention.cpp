@@ -446,6 +446,66 @@ TEST(UspAttention, CommunicatedBytesEqualTheFormula) {
 
 // ---- errors ---------------------------------------------------------------------------------
 
+// Masked text keys on a replicated text (HunyuanVideo's padded prompts): every layout equals one
+// rank with the key mask [B, 1, 1, L + N], text first and last, with padded image chunks, and a
+// text key mask without replicated text is refused.
+TEST(UspAttention, ReplicatedTextKeyMaskEqualsTheMaskedReference) {
+  c10::InferenceMode guard;
+  for (const bool text_first : {true, false}) {
+    Case c;
+    c.text = 6;
+    c.image = 13;
+    c.text_first = text_first;
+    const Global g = make_global(c);
+    auto keys = at::ones({c.batch, c.text}, at::kBool);
+    keys[0].narrow(0, 4, 2).fill_(false);  // row 0: 4 real tokens, then padding
+    keys[1][1] = false;                    // row 1: any pattern
+    keys[1][4] = false;
+    const auto image_keys = at::ones({c.batch, c.image}, at::kBool);
+    backends::AttentionOptions opts;
+    opts.mask = (text_first ? at::cat({keys, image_keys}, 1) : at::cat({image_keys, keys}, 1))
+                    .view({c.batch, 1, 1, -1});
+    const at::Tensor ref = backends::attention(g.q, g.k, g.v, opts).out;
+    for (auto [u, r] : layouts()) {
+      SCOPED_TRACE(layout_name(u, r) + (text_first ? ", text first" : ", text last"));
+      auto& m = mesh(u, r);
+      const int sp = m.config.sp(), sp_rank = m.sp->rank();
+      const SequenceShard image(c.image, sp);
+      const int64_t text_start = text_first ? 0 : c.image, image_start = text_first ? c.text : 0;
+      auto local = [&](const at::Tensor& x) {
+        auto txt = x.narrow(1, text_start, c.text);
+        auto img = image.shard(x.narrow(1, image_start, c.image), 1, sp_rank);
+        return text_first ? at::cat({txt, img}, 1) : at::cat({img, txt}, 1);
+      };
+      UspAttention usp(*m.ulysses, *m.ring, TextMode::kReplicated, image.valid_counts());
+      const at::Tensor out =
+          usp.attention(local(g.q), local(g.k), local(g.v), c.text, text_first, {}, keys);
+      const at::Tensor want = local(ref);
+      // Compare the real rows (a padded chunk's extra rows are not outputs).
+      const int64_t valid = image.valid_counts()[sp_rank];
+      const int64_t img_at = text_first ? c.text : 0;
+      const double err_text =
+          max_rel_error(out.narrow(1, text_start == 0 ? 0 : image.chunk(), c.text),
+                        want.narrow(1, text_start == 0 ? 0 : image.chunk(), c.text));
+      const double err_image =
+          valid == 0 ? 0.0
+                     : max_rel_error(out.narrow(1, img_at, valid), want.narrow(1, img_at, valid));
+      EXPECT_LE(err_text, kFp32Tol);
+      EXPECT_LE(err_image, kFp32Tol);
+      if (world_rank() == 0) {
+        std::printf("[usp] %s text key mask, text %s: text %.3g image %.3g\n",
+                    layout_name(u, r).c_str(), text_first ? "first" : "last", err_text, err_image);
+      }
+      if (sp > 1) {
+        UspAttention split(*m.ulysses, *m.ring, TextMode::kSplit, image.valid_counts());
+        EXPECT_THROW(
+            split.attention(local(g.q), local(g.k), local(g.v), c.text, text_first, {}, keys),
+            xfuser::Error);
+      }
+    }
+  }
+}
+
 TEST(UspAttention, RejectsMasksUnderSequenceParallelism) {
   c10::InferenceMode guard;
   auto& m = mesh(world_size(), 1);

@@ -243,6 +243,11 @@ struct AttentionCall {
   int64_t text_tokens = 0;  // joint attention: tokens of the text stream in the sequence
   bool text_first = true;   // [text, image] (FLUX) or [image, text] (SD3, HunyuanVideo)
   at::Tensor mask;          // optional boolean mask, as backends::AttentionOptions::mask
+  // Joint attention with masked text keys: [B, text_tokens] bool, true = the text key is
+  // attended (every image key is). A model that sets it sets `mask` to the same keys over the
+  // whole sequence, for the local path; the sequence-parallel drivers use this one (the text is
+  // whole on every rank, the image keys are spread over the ranks).
+  at::Tensor text_key_mask;
   // Cross-attention (Wan): q from the image tokens, k/v from the text only. Sequence-parallel
   // drivers keep the text whole on every rank and run such calls locally.
   bool cross = false;

@@ -83,6 +83,10 @@ class DiTTransformer : public Component {
   // blocks); otherwise they are the image stream plus the text stream.
   virtual bool joined_at(int64_t block) const { return false; }
   virtual TextAttention text_attention() const = 0;
+  // Whether the text must be whole on every rank under sequence parallelism and PipeFusion (the
+  // model embeds it with operations over the whole text, e.g. HunyuanVideo's token refiner);
+  // otherwise a joint-attention text whose length divides by the degree is split over the ranks.
+  virtual bool text_whole() const { return false; }
   // Parameter count of each block (forward order) and of the parts outside the blocks
   // {embedders, conditioning, head}: PipeFusion balances its stages by them.
   virtual std::vector<int64_t> block_parameters() const = 0;

@@ -89,8 +89,11 @@ at::Tensor sequence_parallel_forward(DiTTransformer& model, const DiTInputs& ful
   const int64_t text_len = full.text.defined() ? full.text.size(1) : 0;
   const bool cross = model.text_attention() == TextAttention::kCross;
   // Cross-attention models keep the whole text on every rank; their self-attention has no text.
-  const parallel::TextMode mode =
-      cross ? parallel::TextMode::kSplit : parallel::choose_text_mode(text_len, parts);
+  // Models that embed the text as a whole (text_whole) keep it replicated in the joint attention.
+  const parallel::TextMode mode = cross ? parallel::TextMode::kSplit
+                                  : model.text_whole()
+                                      ? parallel::TextMode::kReplicated
+                                      : parallel::choose_text_mode(text_len, parts);
   DiTInputs in = full;
   in.tokens = image.shard(full.tokens, 1, rank);
   in.token_ids = shard_or_keep(image, full.token_ids, 0, rank);
@@ -108,6 +111,10 @@ at::Tensor sequence_parallel_forward(DiTTransformer& model, const DiTInputs& ful
   model.set_attention_hook([&usp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const AttentionCall& call) {
     if (call.cross) return local_attention(q, k, v, call);
+    // Masked text keys: the text is whole on every rank (replicated), the image keys all real.
+    if (call.text_key_mask.defined() && usp.text_mode() == parallel::TextMode::kReplicated) {
+      return usp.attention(q, k, v, call.text_tokens, call.text_first, {}, call.text_key_mask);
+    }
     return usp.attention(q, k, v, call.text_tokens, call.text_first, call.mask);
   });
   at::Tensor local = model.forward(in);  // [B, chunk, C]

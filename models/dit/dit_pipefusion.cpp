@@ -275,8 +275,8 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
   const int64_t dim = model_.hidden_size();
   const auto dtype = model_.dtype();
   // Cross-attention families keep the whole text on every rank (it never joins the sequence).
-  const auto text_mode =
-      cross ? parallel::TextMode::kReplicated : parallel::choose_text_mode(text_len, sp);
+  const auto text_mode = cross || model_.text_whole() ? parallel::TextMode::kReplicated
+                                                      : parallel::choose_text_mode(text_len, sp);
   const int64_t local_text = parallel::local_text_tokens(text_mode, text_len, sp);
   const int64_t sent_text = cross ? 0 : local_text;  // text rows travelling between stages
 

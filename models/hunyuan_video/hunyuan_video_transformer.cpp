@@ -57,8 +57,7 @@ void check_whole_text(const dit::DiTInputs& in) {
            " of the prompt's ", whole,
            " text tokens: the text was split over sequence-parallel ranks, but HunyuanVideo's "
            "token refiner (a masked mean and a self-attention over the text) needs the whole "
-           "text on every rank. The sequence-parallel drivers keep the text whole only when its "
-           "length does not divide by --ulysses_degree x --ring_degree");
+           "text on every rank (the drivers keep it whole: text_whole())");
 }
 
 }  // namespace
@@ -299,10 +298,11 @@ class HunyuanVideoTransformerBlock : public Module {
                                 dim, dim, c.mlp_ratio, FeedForwardKind::kGeluApproximate, tp));
   }
 
-  // x [B, n, D], c [B, L, D], temb [B|1, D], rope [n, hd], mask [B, n + L] or undefined.
+  // x [B, n, D], c [B, L, D], temb [B|1, D], rope [n, hd], mask [B, n + L] and text_keys
+  // [B, L] (its text part) or both undefined.
   void forward(at::Tensor& x, at::Tensor& c, const at::Tensor& temb, const RotaryTables& rope,
-               const at::Tensor& mask, const AttendFn& attend, int64_t layer,
-               const TensorParallelOps& ops) const {
+               const at::Tensor& mask, const at::Tensor& text_keys, const AttendFn& attend,
+               int64_t layer, const TensorParallelOps& ops) const {
     const int64_t b = x.size(0), n = x.size(1), l = c.size(1), inner = attn_->inner();
     auto nx = norm1_->forward(x, temb, ops);
     auto nc = norm1_context_->forward(c, temb, ops);
@@ -314,6 +314,7 @@ class HunyuanVideoTransformerBlock : public Module {
     call.text_tokens = l;
     call.text_first = false;
     call.mask = mask;
+    call.text_key_mask = text_keys;
     auto o =
         attend(at::cat({qi, txt.q}, 1), at::cat({ki, txt.k}, 1), at::cat({img.v, txt.v}, 1), call)
             .reshape({b, n + l, inner})
@@ -356,10 +357,11 @@ class HunyuanVideoSingleTransformerBlock : public Module {
                                                               std::vector<int64_t>{dim, mlp_dim}));
   }
 
-  // h [B, n + L, D] (image first), rope [n, hd], mask [B, n + L] or undefined.
+  // h [B, n + L, D] (image first), rope [n, hd], mask [B, n + L] and text_keys [B, L] (its text
+  // part) or both undefined.
   at::Tensor forward(const at::Tensor& h, const at::Tensor& temb, const RotaryTables& rope,
-                     const at::Tensor& mask, const AttendFn& attend, int64_t layer,
-                     int64_t text_tokens, const TensorParallelOps& ops) const {
+                     const at::Tensor& mask, const at::Tensor& text_keys, const AttendFn& attend,
+                     int64_t layer, int64_t text_tokens, const TensorParallelOps& ops) const {
     const int64_t b = h.size(0), s = h.size(1), inner = attn_->inner();
     auto nh = norm_->forward(h, temb, ops);
     auto mlp = activate(proj_mlp_->forward(nh.x), Activation::kGeluTanh);
@@ -370,6 +372,7 @@ class HunyuanVideoSingleTransformerBlock : public Module {
     call.text_tokens = text_tokens;
     call.text_first = false;
     call.mask = mask;
+    call.text_key_mask = text_keys;
     auto o = attend(q, k, p.v, call).reshape({b, s, inner}).to(h.scalar_type());
     return gated_residual(h, nh.gate, proj_out_->forward(at::cat({o, mlp}, 2), ops));
   }
@@ -689,7 +692,7 @@ void HunyuanVideoTransformer3DModel::run_blocks(dit::DiTActivations& a, int64_t 
     XF_CHECK(!a.joined, "run_blocks: the activations are already joined for the single blocks");
     XF_CHECK(blocks_[i], "transformer_blocks.", i, " is not held by this model part (blocks [",
              part_.block_begin, ", ", part_.block_end, "))");
-    blocks_[i]->forward(a.hidden, a.context, a.temb, a.rope, mask, attend, i, tp_ops());
+    blocks_[i]->forward(a.hidden, a.context, a.temb, a.rope, mask, text_keys, attend, i, tp_ops());
   }
   for (int64_t i = std::max(begin, doubles); i < end; ++i) {
     const int64_t j = i - doubles;
@@ -704,7 +707,8 @@ void HunyuanVideoTransformer3DModel::run_blocks(dit::DiTActivations& a, int64_t 
       a.context = at::Tensor();
       a.joined = true;
     }
-    a.hidden = single_blocks_[j]->forward(a.hidden, a.temb, a.rope, mask, attend, i, l, tp_ops());
+    a.hidden = single_blocks_[j]->forward(a.hidden, a.temb, a.rope, mask, text_keys, attend, i, l,
+                                          tp_ops());
   }
 }
 

@@ -36,10 +36,13 @@
 // Parallelism. Tensor parallelism (degree n) splits the blocks by whole heads as FLUX does (q/k/v
 // and the modulation linears column-parallel, to_out / to_add_out / ff.net.2 / proj_out
 // row-parallel); the embedders, the token refiner and the head are replicated. Sequence
-// parallelism (models/dit/dit_parallel.cpp) works when the drivers keep the text whole (its
-// length does not divide by the sp degree: TextMode::kReplicated) and no text key is masked;
-// a split text is refused (check_inputs / embed), a masked one by UspAttention (no masks under
-// sequence parallelism). PipeFusion has the same limits.
+// parallelism (models/dit/dit_parallel.cpp) keeps the text whole on every rank (text_whole():
+// TextMode::kReplicated whatever its length) and passes the masked text keys as
+// AttentionCall::text_key_mask, which UspAttention applies to the replicated text keys (the image
+// keys are all real). A text split over the ranks (a caller of embed that shards it) is refused
+// (check_inputs / embed). PipeFusion keeps the text whole too but takes no text mask: a pipeline
+// drops the padded text rows first (exact), which leaves no mask when the prompts of a batch have
+// the same token count.
 #pragma once
 
 #include <cstdint>
@@ -84,6 +87,8 @@ class HunyuanVideoTransformer3DModel : public dit::DiTTransformer {
   dit::TextAttention text_attention() const override {
     return dit::TextAttention::kJointImageFirst;
   }
+  // The token refiner embeds the text as a whole: the drivers keep it on every rank.
+  bool text_whole() const override { return true; }
   std::vector<int64_t> block_parameters() const override;
   // {x_embedder + context_embedder, time_text_embed, norm_out + proj_out}.
   std::vector<int64_t> other_parameters() const override;
