@@ -7,3 +7,4 @@ xfuser_add_test(test_hunyuan_parallel.cpp NP 2 TIMEOUT 300 LABELS fixture)
 # `xfuser forward` under mpirun (spawns its own 2-rank jobs): tensor parallel 2 equals the
 # fixtures, Ulysses / ring 2 equal one rank with the text whole and refuse a split text.
 xfuser_add_test(test_hunyuan_run.cpp TIMEOUT 300 LABELS fixture)
+xfuser_add_test(test_hunyuan_vae.cpp LABELS unit fixture)

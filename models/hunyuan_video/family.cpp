@@ -2,6 +2,7 @@
 // No model yet (the pipeline, its VAE and the Llama + CLIP text encoders come later).
 #include "models/dit/dit.h"
 #include "models/hunyuan_video/hunyuan_video_transformer.h"
+#include "models/hunyuan_video/register.h"
 #include "models/registry.h"
 
 namespace xfuser::models::hunyuan_video {
@@ -11,6 +12,7 @@ void register_family() {
   family.name = "hunyuan_video";
   family.register_components = [] {
     dit::register_dit_component("HunyuanVideoTransformer3DModel", make_hunyuan_video_transformer);
+    register_hunyuan_video_components();
   };
   FamilyRegistry::add(std::move(family));
 }
