@@ -1,6 +1,7 @@
 #include "models/tokenizers/tokenizer.h"
 
 #include "backends/error.h"
+#include "models/tokenizers/bpe_tokenizer.h"
 #include "models/tokenizers/clip_tokenizer.h"
 #include "models/tokenizers/t5_tokenizer.h"
 
@@ -16,20 +17,35 @@ int64_t Tokenizer::num_special_tokens() const {
 
 Encoding Tokenizer::encode(const std::string& text, int64_t max_length) const {
   const int64_t num_special = num_special_tokens();
-  XF_CHECK(max_length >= num_special, kind(), " tokenizer: max_length ", max_length,
+  const std::string where = source_.empty() ? std::string() : " (" + source_ + ")";
+  XF_CHECK(max_length >= num_special, kind(), " tokenizer", where, ": max_length ", max_length,
            " cannot hold the ", num_special, " special token(s)");
   std::vector<int64_t> ids = text_ids(text);
-  // transformers' prepare_for_model: drop ids from the right so ids + special tokens fit.
+  // transformers' prepare_for_model (and the fast tokenizer's truncation with its post-processor):
+  // drop text ids so ids + special tokens fit.
   const int64_t overflow = static_cast<int64_t>(ids.size()) + num_special - max_length;
-  if (overflow > 0) ids.resize(ids.size() - static_cast<size_t>(overflow));
+  if (overflow > 0) {
+    if (truncation_left_) {
+      ids.erase(ids.begin(), ids.begin() + overflow);
+    } else {
+      ids.resize(ids.size() - static_cast<size_t>(overflow));
+    }
+  }
   Encoding out;
   out.input_ids = with_special_tokens(std::move(ids));
   out.attention_mask.assign(out.input_ids.size(), 1);
   if (static_cast<int64_t>(out.input_ids.size()) < max_length) {
-    XF_CHECK(pad_id_.has_value(), kind(), " tokenizer has no pad token: cannot pad to ",
-             max_length);
-    out.input_ids.resize(static_cast<size_t>(max_length), *pad_id_);
-    out.attention_mask.resize(static_cast<size_t>(max_length), 0);
+    XF_CHECK(pad_id_.has_value(), kind(), " tokenizer", where,
+             " has no pad token: cannot pad to max_length ", max_length,
+             " (transformers raises too; set pad_token in tokenizer_config.json)");
+    const size_t pad = static_cast<size_t>(max_length) - out.input_ids.size();
+    if (padding_left_) {
+      out.input_ids.insert(out.input_ids.begin(), pad, *pad_id_);
+      out.attention_mask.insert(out.attention_mask.begin(), pad, 0);
+    } else {
+      out.input_ids.resize(static_cast<size_t>(max_length), *pad_id_);
+      out.attention_mask.resize(static_cast<size_t>(max_length), 0);
+    }
   }
   return out;
 }
@@ -45,15 +61,28 @@ std::vector<Encoding> Tokenizer::encode(const std::vector<std::string>& texts,
   return out;
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir) {
+std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir,
+                                          const std::string& tokenizer_class) {
   XF_CONTEXT("loading the tokenizer in ", dir);
   XF_CHECK(std::filesystem::is_directory(dir), "tokenizer folder ", dir, " does not exist");
-  if (std::filesystem::exists(dir / "vocab.json") && std::filesystem::exists(dir / "merges.txt")) {
+  namespace fs = std::filesystem;
+  std::string cls = tokenizer_class;
+  if (cls.empty() && fs::exists(dir / "tokenizer_config.json")) {
+    const TokenizerFolder folder = TokenizerFolder::read(dir);
+    const auto it = folder.config.find("tokenizer_class");
+    if (it != folder.config.end() && it->is_string()) cls = it->get<std::string>();
+  }
+  const auto starts_with = [&cls](const char* prefix) { return cls.rfind(prefix, 0) == 0; };
+  const bool clip_class = cls.empty() || starts_with("CLIPTokenizer");
+  const bool t5_class = cls.empty() || starts_with("T5Tokenizer");
+  if (clip_class && fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) {
     return ClipTokenizer::from_dir(dir);
   }
-  if (std::filesystem::exists(dir / "spiece.model")) return T5Tokenizer::from_dir(dir);
+  if (t5_class && fs::exists(dir / "spiece.model")) return T5Tokenizer::from_dir(dir);
+  if (fs::exists(dir / "tokenizer.json")) return BpeTokenizer::from_dir(dir, tokenizer_class);
   XF_THROW("tokenizer folder ", dir,
-           " has neither vocab.json + merges.txt (CLIP) nor spiece.model (T5)");
+           " has neither vocab.json + merges.txt (CLIP), spiece.model (T5) nor tokenizer.json",
+           cls.empty() ? std::string() : " for its tokenizer_class " + cls);
 }
 
 }  // namespace xfuser::models::tokenizers

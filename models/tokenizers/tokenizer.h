@@ -1,5 +1,6 @@
-// Text tokenizers for the text encoders (CLIP byte-level BPE, T5 SentencePiece), equal to the
-// transformers v4.44.2 slow tokenizers called as
+// Text tokenizers for the text encoders (CLIP byte-level BPE, T5 SentencePiece: equal to the
+// transformers v4.44.2 slow tokenizers; tokenizer.json byte-level BPE for Llama 3 / Qwen2 /
+// Mistral: equal to the fast ones, bpe_tokenizer.h) called as
 //   tokenizer(texts, padding="max_length", max_length=N, truncation=True).
 // Free of torch: ids are std::vector<int64_t>.
 #pragma once
@@ -24,12 +25,14 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  // "clip" or "t5".
+  // "clip", "t5" or "bpe".
   virtual std::string kind() const = 0;
 
   // tokenizer(text).input_ids: special tokens added, no truncation, no padding.
   std::vector<int64_t> encode_ids(const std::string& text) const;
-  // Truncated to max_length (keeping the closing special token) and right-padded with the pad id.
+  // Truncated to max_length (text ids dropped, special tokens kept; from the left when
+  // truncation_side is "left") and padded with the pad id (on the left when padding_side is
+  // "left": mask zeros first).
   Encoding encode(const std::string& text, int64_t max_length) const;
   std::vector<Encoding> encode(const std::vector<std::string>& texts, int64_t max_length) const;
 
@@ -51,10 +54,17 @@ class Tokenizer {
   std::optional<int64_t> bos_id_;
   std::optional<int64_t> eos_id_;
   std::optional<int64_t> pad_id_;
+  bool padding_left_ = false;     // transformers' padding_side == "left"
+  bool truncation_left_ = false;  // truncation_side == "left"
+  std::string source_;            // the folder or file, named in encode() errors when set
 };
 
-// Chooses the tokenizer from the folder's files: vocab.json + merges.txt -> CLIP,
-// spiece.model -> T5. Throws xfuser::Error naming the folder when neither is present.
-std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir);
+// Chooses the tokenizer from the folder's files and tokenizer_config.json's tokenizer_class:
+// vocab.json + merges.txt with no class or a CLIP class -> CLIP; spiece.model with no class or a
+// T5 class -> T5; otherwise tokenizer.json -> BpeTokenizer (Qwen2.5 folders carry vocab.json +
+// merges.txt too: their class decides). tokenizer_class, when given, overrides the config's (as
+// diffusers' model_index.json does). Throws xfuser::Error naming the folder when none fits.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir,
+                                          const std::string& tokenizer_class = "");
 
 }  // namespace xfuser::models::tokenizers

@@ -16,10 +16,11 @@ if(XFUSER_SANITIZE OR XFUSER_FUZZ)
 endif()
 
 # The tokenizers need the shim built (not linked) and ICU for CLIP's text normalisation (NFC,
-# full lower-casing, Unicode general categories).
-find_package(ICU REQUIRED COMPONENTS uc)
+# full lower-casing, Unicode general categories) and for the regexes of tokenizer.json's Split
+# pre-tokenizers (ICU::i18n: icu::RegexPattern).
+find_package(ICU REQUIRED COMPONENTS uc i18n)
 add_dependencies(xfuser_models xfuser_spm)
-target_link_libraries(xfuser_models PUBLIC ICU::uc ${CMAKE_DL_LIBS})
+target_link_libraries(xfuser_models PUBLIC ICU::i18n ICU::uc ${CMAKE_DL_LIBS})
 set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/tokenizers/spm_library.cpp PROPERTIES
   COMPILE_DEFINITIONS "XFUSER_SPM_SHIM_BUILD_PATH=\"$<TARGET_FILE:xfuser_spm>\""
   SKIP_PRECOMPILE_HEADERS ON)
