@@ -303,3 +303,77 @@ TEST(BpeSplit, BehaviorsOnALiteral) {
 }
 
 }  // namespace
+
+namespace {
+
+// The expected ids were printed by tokenizers 0.19.1 (Tokenizer.from_str on the same JSON).
+class BpeModelOptions : public ::testing::Test {
+ protected:
+  static nlohmann::json base() {
+    return nlohmann::json::parse(R"({
+      "version": "1.0", "added_tokens": [], "normalizer": null, "pre_tokenizer": null,
+      "post_processor": null, "decoder": null,
+      "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+                "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+                "byte_fallback": false,
+                "vocab": {"a": 0, "b": 1, "ab": 2, "<unk>": 3, "<0x78>": 4, "c": 5, "##c": 6,
+                          "c</w>": 7, "##c</w>": 8, "ac</w>": 9},
+                "merges": ["a b"]}})");
+  }
+  static std::vector<Ids> run(const nlohmann::json& json) {
+    TempDir dir("xfuser-bpe");
+    write_file(dir / "tokenizer.json", json.dump());
+    const auto tokenizer = load_tokenizer(dir.path());
+    std::vector<Ids> out;
+    for (const char* text : {"axyzab", "xxa", "zzz", "cc", "acc", "c"}) {
+      out.push_back(tokenizer->encode_ids(text));
+    }
+    return out;
+  }
+};
+
+TEST_F(BpeModelOptions, UnknownCharactersBecomeUnk) {
+  EXPECT_EQ(run(base()),
+            (std::vector<Ids>{{0, 3, 3, 3, 2}, {3, 3, 0}, {3, 3, 3}, {5, 5}, {0, 5, 5}, {5}}));
+}
+
+TEST_F(BpeModelOptions, FuseUnk) {
+  auto json = base();
+  json["model"]["fuse_unk"] = true;
+  EXPECT_EQ(run(json), (std::vector<Ids>{{0, 3, 2}, {3, 0}, {3}, {5, 5}, {0, 5, 5}, {5}}));
+}
+
+TEST_F(BpeModelOptions, ByteFallbackBeforeUnk) {
+  auto json = base();
+  json["model"]["fuse_unk"] = true;
+  json["model"]["byte_fallback"] = true;
+  EXPECT_EQ(run(json), (std::vector<Ids>{{0, 4, 3, 2}, {4, 4, 0}, {3}, {5, 5}, {0, 5, 5}, {5}}));
+}
+
+TEST_F(BpeModelOptions, ContinuingSubwordPrefix) {
+  auto json = base();
+  json["model"]["continuing_subword_prefix"] = "##";
+  json["model"]["merges"] = {"a ##c"};
+  json["model"]["vocab"]["a##c"] = 10;
+  json["model"]["vocab"]["ac"] = 11;
+  EXPECT_EQ(run(json),
+            (std::vector<Ids>{{0, 3, 3, 3, 3, 3}, {3, 3, 3}, {3, 3, 3}, {5, 6}, {11, 6}, {5}}));
+}
+
+TEST_F(BpeModelOptions, EndOfWordSuffix) {
+  auto json = base();
+  json["model"]["end_of_word_suffix"] = "</w>";
+  json["model"]["merges"] = {"a c</w>"};
+  EXPECT_EQ(run(json),
+            (std::vector<Ids>{{0, 3, 3, 3, 0, 3}, {3, 3, 3}, {3, 3, 3}, {5, 7}, {0, 5, 7}, {7}}));
+}
+
+TEST_F(BpeModelOptions, WithoutUnkUnknownCharactersAreDropped) {
+  auto json = base();
+  json["model"]["unk_token"] = nullptr;
+  TempDir dir("xfuser-bpe");
+  write_file(dir / "tokenizer.json", json.dump());
+  EXPECT_EQ(load_tokenizer(dir.path())->encode_ids("axyzab"), Ids({0, 2}));
+}
+
+}  // namespace

@@ -99,17 +99,18 @@ class Regex {
     std::vector<std::pair<size_t, size_t>> out;
     if (text.empty()) return out;
     UErrorCode status = U_ZERO_ERROR;
-    UText* ut = utext_openUTF8(nullptr, text.data(), static_cast<int64_t>(text.size()), &status);
+    std::unique_ptr<UText, UText* (*)(UText*)> ut(
+        utext_openUTF8(nullptr, text.data(), static_cast<int64_t>(text.size()), &status),
+        utext_close);
     XF_CHECK(U_SUCCESS(status), "ICU cannot open the text: ", u_errorName(status));
     std::unique_ptr<icu::RegexMatcher> matcher(pattern_->matcher(status));
     XF_CHECK(U_SUCCESS(status), "ICU regex matcher: ", u_errorName(status));
-    matcher->reset(ut);
+    matcher->reset(ut.get());
     while (matcher->find(status) && U_SUCCESS(status)) {
       const int64_t start = matcher->start64(status);
       const int64_t end = matcher->end64(status);
       if (end > start) out.emplace_back(static_cast<size_t>(start), static_cast<size_t>(end));
     }
-    utext_close(ut);
     XF_CHECK(U_SUCCESS(status), "ICU regex search failed: ", u_errorName(status));
     return out;
   }
