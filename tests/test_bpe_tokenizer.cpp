@@ -125,6 +125,24 @@ TEST(BpeFixtureDetails, TheClassOverrideChangesThePostProcessorAndPaddingSide) {
   EXPECT_EQ(llama->size(), plain->size() + 1);                        // <unk> added
 }
 
+// transformers' split_special_tokens=True (the backend's encode_special_tokens): special tokens in
+// the text are tokenized as text. Ids printed by transformers 4.44.2 on this folder.
+TEST(BpeFixtureDetails, SplitSpecialTokensFromTheConfig) {
+  const fs::path src = bpe_fixture("bpe-llama3");
+  XF_REQUIRE_FIXTURE(src / "tokens.json");
+  const std::string text = "a<|eot_id|>b<|begin_of_text|>";
+  EXPECT_EQ(load_tokenizer(src)->encode_ids(text), Ids({606, 64, 610, 65, 606}));
+  TempDir dir("xfuser-bpe");
+  fs::copy(src / "tokenizer.json", dir / "tokenizer.json");
+  fs::copy(src / "special_tokens_map.json", dir / "special_tokens_map.json");
+  auto config = read_json(src / "tokenizer_config.json");
+  config["split_special_tokens"] = true;
+  write_file(dir / "tokenizer_config.json", config.dump());
+  EXPECT_EQ(load_tokenizer(dir.path())->encode_ids(text),
+            Ids({606, 64, 27, 91,  68, 324, 62, 306, 91, 29, 65, 27, 91,
+                 65,  68, 70, 256, 62, 362, 62, 454, 87, 83, 91, 29}));
+}
+
 TEST(BpeFixtureDetails, ThreadsShareOneTokenizer) {
   const fs::path dir = bpe_fixture("bpe-llama3");
   XF_REQUIRE_FIXTURE(dir / "tokens.json");

@@ -718,6 +718,7 @@ std::vector<BpeTokenizer::Segment> BpeTokenizer::split_added(const std::string& 
     size_t stop = match_start + match->first.size();
     pos = stop;
     const Added& token = added_[match->second];
+    if (split_special_tokens_ && token.special) continue;  // encode_special_tokens
     if (token.single_word) {
       size_t len = 0;
       const bool start_space = start == 0 || !bpe_detail::is_word_char(decode_at(
@@ -1092,6 +1093,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_dir(const std::filesystem::path
   tokenizer->padding_left_ =
       config_side("padding_side", family == Family::kLlama ? "left" : "right");
   tokenizer->truncation_left_ = config_side("truncation_side", "right");
+  tokenizer->split_special_tokens_ = config_bool("split_special_tokens", false);
   if (const auto it = folder.config.find("model_max_length");
       it != folder.config.end() && it->is_number()) {
     const double v = it->get<double>();

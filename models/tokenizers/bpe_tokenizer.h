@@ -122,6 +122,7 @@ class BpeTokenizer : public Tokenizer {
 
   std::vector<TemplateItem> template_;
   int64_t model_max_length_ = 0;
+  bool split_special_tokens_ = false;  // special added tokens in the text are not matched
 
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
