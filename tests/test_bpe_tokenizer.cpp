@@ -266,6 +266,25 @@ TEST(BpeErrors, BadMergesAndRegex) {
   EXPECT_THROW(load_tokenizer(dir.path()), xfuser::Error);
 }
 
+TEST(BpeErrors, ClipAndT5ClassesNeverReadTokenizerJson) {
+  TempDir dir("xfuser-bpe");
+  write_file(dir / "tokenizer.json", minimal_json().dump());
+  write_file(dir / "vocab.json", "{}");
+  write_file(dir / "tokenizer_config.json", R"({"tokenizer_class": "CLIPTokenizer"})");
+  try {
+    load_tokenizer(dir.path());
+    FAIL();
+  } catch (const xfuser::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("merges.txt is missing"), std::string::npos) << e.what();
+  }
+  write_file(dir / "tokenizer_config.json", R"({"tokenizer_class": "T5TokenizerFast"})");
+  EXPECT_THROW(load_tokenizer(dir.path()), xfuser::Error);
+  write_file(dir / "tokenizer_config.json", R"({"tokenizer_class": "PreTrainedTokenizerFast"})");
+  EXPECT_EQ(load_tokenizer(dir.path())->kind(), "bpe");
+  fs::remove(dir / "tokenizer_config.json");  // no class: vocab.json alone is not CLIP's
+  EXPECT_EQ(load_tokenizer(dir.path())->kind(), "bpe");
+}
+
 TEST(BpeErrors, UnsupportedClassIsNamed) {
   TempDir dir("xfuser-bpe");
   write_file(dir / "tokenizer.json", minimal_json().dump());

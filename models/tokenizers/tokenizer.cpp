@@ -79,6 +79,12 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir,
     return ClipTokenizer::from_dir(dir);
   }
   if (t5_class && fs::exists(dir / "spiece.model")) return T5Tokenizer::from_dir(dir);
+  // A CLIP or T5 class reads its slow tokenizer's files, never tokenizer.json.
+  XF_CHECK(cls.empty() || !starts_with("CLIPTokenizer"), "tokenizer folder ", dir,
+           ": tokenizer_class ", cls, " needs vocab.json + merges.txt (",
+           fs::exists(dir / "vocab.json") ? "merges.txt" : "vocab.json", " is missing)");
+  XF_CHECK(cls.empty() || !starts_with("T5Tokenizer"), "tokenizer folder ", dir,
+           ": tokenizer_class ", cls, " needs spiece.model");
   if (fs::exists(dir / "tokenizer.json")) return BpeTokenizer::from_dir(dir, tokenizer_class);
   XF_THROW("tokenizer folder ", dir,
            " has neither vocab.json + merges.txt (CLIP), spiece.model (T5) nor tokenizer.json",
