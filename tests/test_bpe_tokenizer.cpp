@@ -143,6 +143,19 @@ TEST(BpeFixtureDetails, SplitSpecialTokensFromTheConfig) {
                  65,  68, 70, 256, 62, 362, 62, 454, 87, 83, 91, 29}));
 }
 
+TEST(BpeFixtureDetails, TokensNameTheirIds) {
+  const fs::path dir = bpe_fixture("bpe-qwen2");
+  XF_REQUIRE_FIXTURE(dir / "tokens.json");
+  const auto tokenizer = BpeTokenizer::from_dir(dir);
+  const std::string text = "<|im_start|>user\nDON'T \xe6\x97\xa5 cat<|im_end|>";
+  const auto tokens = tokenizer->tokenize(text);
+  const Ids ids = tokenizer->text_ids(text);
+  ASSERT_EQ(tokens.size(), ids.size());
+  EXPECT_EQ(tokens.front(), "<|im_start|>");
+  EXPECT_EQ(tokens.back(), "<|im_end|>");
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(tokenizer->token_to_id(tokens[i]), ids[i]);
+}
+
 TEST(BpeFixtureDetails, ThreadsShareOneTokenizer) {
   const fs::path dir = bpe_fixture("bpe-llama3");
   XF_REQUIRE_FIXTURE(dir / "tokens.json");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <queue>
@@ -455,10 +456,12 @@ uint64_t pair_key(int64_t a, int64_t b) {
 }
 
 nlohmann::json read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   XF_CHECK(in.good(), "cannot open ", path);
+  // Parsing from memory is several times faster than from the stream (Llama 3's file is 9 MB).
+  const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(content);
   } catch (const nlohmann::json::exception& e) {
     XF_THROW("cannot parse ", path, ": ", e.what());
   }
@@ -486,6 +489,7 @@ BpeTokenizer::BpeTokenizer(const nlohmann::json& json, const std::filesystem::pa
            "' is not supported (only BPE)");
   XF_CHECK(model.contains("vocab") && model["vocab"].is_object(), where(file, "model.vocab"),
            " must be an object token -> id");
+  vocab_.reserve(model["vocab"].size());
   for (const auto& [token, id] : model["vocab"].items()) {
     XF_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 &&
                  id.get<int64_t>() < std::numeric_limits<int32_t>::max(),
@@ -512,6 +516,7 @@ BpeTokenizer::BpeTokenizer(const nlohmann::json& json, const std::filesystem::pa
   XF_CHECK(model.contains("merges") && model["merges"].is_array(), where(file, "model.merges"),
            " must be a list");
   const Json& merges = model["merges"];
+  merges_.reserve(merges.size());
   const auto vocab_id = [&](const std::string& token, size_t rank) {
     const auto it = vocab_.find(token);
     XF_CHECK(it != vocab_.end(), where(file, "model.merges[" + std::to_string(rank) + "]"), ": '",
