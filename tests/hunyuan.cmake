@@ -8,3 +8,6 @@ xfuser_add_test(test_hunyuan_parallel.cpp NP 2 TIMEOUT 300 LABELS fixture)
 # fixtures, Ulysses / ring 2 equal one rank with the text whole and refuse a split text.
 xfuser_add_test(test_hunyuan_run.cpp TIMEOUT 300 LABELS fixture)
 xfuser_add_test(test_hunyuan_vae.cpp LABELS unit fixture)
+# Patch-parallel HunyuanVideo VAE decode (NP 2 and 4) against one rank and diffusers' fixtures.
+xfuser_add_test(test_hunyuan_vae_parallel.cpp NP 2 TIMEOUT 300 LABELS mpi fixture)
+xfuser_add_test(test_hunyuan_vae_parallel.cpp NP 4 TIMEOUT 300 LABELS mpi fixture)

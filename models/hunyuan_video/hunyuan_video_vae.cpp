@@ -47,10 +47,25 @@ int64_t floor_log2(int64_t v) {
 
 bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
-// nn.GroupNorm on [B, C, T, H, W]: the statistics span every frame (as diffusers' 5D GroupNorm).
-at::Tensor group_norm_5d(const GroupNorm& norm, const at::Tensor& x) {
+// nn.GroupNorm on [B, C, T, H, W]: the statistics span every frame (as diffusers' 5D GroupNorm);
+// on a band, over every band's rows (the context all-reduces the moments).
+at::Tensor group_norm_5d(const GroupNorm& norm, const at::Tensor& x,
+                         const HunyuanVideoBand* band = nullptr) {
   const int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3), w = x.size(4);
-  return norm.forward(x.reshape({b, c, t * h, w})).view({b, c, t, h, w});
+  return norm.forward(x.reshape({b, c, t * h, w}), band ? band->ctx : nullptr)
+      .view({b, c, t, h, w});
+}
+
+// x [B, C, T, h, W] (a band) -> [B, C, T, h + 2p, W]: p halo rows from the neighbouring bands,
+// or the edge row repeated where the band touches the picture's top / bottom (replicate padding).
+at::Tensor pad_band_rows(const at::Tensor& x, int64_t p, const HunyuanVideoBand& band) {
+  const int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3), w = x.size(4);
+  at::Tensor padded =
+      band.ctx->pad_rows(x.reshape({b, c * t, h, w}), p).view({b, c, t, h + 2 * p, w});
+  at::Tensor above = band.top ? x.narrow(3, 0, 1).expand({b, c, t, p, w}) : padded.narrow(3, 0, p);
+  at::Tensor below =
+      band.bottom ? x.narrow(3, h - 1, 1).expand({b, c, t, p, w}) : padded.narrow(3, p + h, p);
+  return at::cat({above, x, below}, 3);
 }
 
 // diffusers' nearest F.interpolate by integer factors (an exact copy: out[i] = in[i / f]).
@@ -99,7 +114,8 @@ class HunyuanVideoConv3d : public Module {
 
   // x [B, in, T, H, W]; with `causal`, diffusers' HunyuanVideoCausalConv3d: F.pad(x,
   // (k/2, k/2, k/2, k/2, k-1, 0), mode="replicate") first.
-  at::Tensor forward(const at::Tensor& x, bool causal) const {
+  at::Tensor forward(const at::Tensor& x, bool causal,
+                     const HunyuanVideoBand* band = nullptr) const {
     XF_CHECK(weight_->tensor.defined(),
              "HunyuanVideoCausalConv3d used before its weights were loaded");
     XF_CHECK(x.dim() == 5 && x.size(1) == in_, "HunyuanVideoCausalConv3d expects [B, ", in_,
@@ -108,7 +124,13 @@ class HunyuanVideoConv3d : public Module {
     at::Tensor h = up ? x.to(at::kFloat) : x;
     if (causal && kernel_ > 1) {
       const int64_t p = kernel_ / 2;
-      h = at::replication_pad3d(h, {p, p, p, p, kernel_ - 1, 0});
+      if (band == nullptr) {
+        h = at::replication_pad3d(h, {p, p, p, p, kernel_ - 1, 0});
+      } else {
+        // Rows first (halo, or replicated at the picture's edge), then W and the causal frames
+        // replicated: the same corners as one replication_pad3d of the whole picture.
+        h = at::replication_pad3d(pad_band_rows(h, p, *band), {p, p, 0, 0, kernel_ - 1, 0});
+      }
     }
     at::Tensor w = up ? weight_->tensor.to(at::kFloat) : weight_->tensor;
     at::Tensor b = up ? bias_->tensor.to(at::kFloat) : bias_->tensor;
@@ -144,12 +166,12 @@ class ResnetBlockCausal3D : public Module {
     if (in != out) conv_shortcut_ = child("conv_shortcut", causal_conv(in, out, 1));
   }
 
-  at::Tensor forward(const at::Tensor& x) const {
-    at::Tensor h = apply_activation(group_norm_5d(*norm1_, x), act_);
-    h = conv1_->forward(h, true);
-    h = apply_activation(group_norm_5d(*norm2_, h), act_);  // dropout: identity
-    h = conv2_->forward(h, true);
-    return h + (conv_shortcut_ ? conv_shortcut_->forward(x, true) : x);
+  at::Tensor forward(const at::Tensor& x, const HunyuanVideoBand* band = nullptr) const {
+    at::Tensor h = apply_activation(group_norm_5d(*norm1_, x, band), act_);
+    h = conv1_->forward(h, true, band);
+    h = apply_activation(group_norm_5d(*norm2_, h, band), act_);  // dropout: identity
+    h = conv2_->forward(h, true, band);
+    return h + (conv_shortcut_ ? conv_shortcut_->forward(x, true) : x);  // 1x1x1: no halo
   }
 
  private:
@@ -170,23 +192,34 @@ class CausalFrameAttention : public Module {
     to_out_ = child("to_out.0", std::make_shared<Linear>(channels, channels));
   }
 
-  at::Tensor forward(const at::Tensor& x) const {
+  at::Tensor forward(const at::Tensor& x, const HunyuanVideoBand* band = nullptr) const {
     const int64_t b = x.size(0), c = x.size(1), t = x.size(2), hh = x.size(3), ww = x.size(4);
-    const int64_t n = hh * ww;  // tokens per frame
+    const int64_t n = hh * ww;  // tokens per frame (of this band)
     // [B, C, T, H, W] -> [B, T*H*W, C] in (frame, row, column) order.
     at::Tensor tokens =
-        group_norm_5d(*group_norm_, x).permute({0, 2, 3, 4, 1}).reshape({b, t * n, c});
+        group_norm_5d(*group_norm_, x, band).permute({0, 2, 3, 4, 1}).reshape({b, t * n, c});
     at::Tensor q = to_q_->forward(tokens).unsqueeze(2);  // [B, S, 1, C]
-    at::Tensor k = to_k_->forward(tokens).unsqueeze(2);
-    at::Tensor v = to_v_->forward(tokens).unsqueeze(2);
+    at::Tensor k = to_k_->forward(tokens);               // [B, S, C]
+    at::Tensor v = to_v_->forward(tokens);
+    int64_t nk = n;  // keys per frame
+    if (band != nullptr) {
+      // Every band's keys / values of each frame: [B*T, n_r, C] -> [B*T, N, C] -> [B, T*N, C].
+      k = band->ctx->gather_tokens(k.reshape({b * t, n, c}).contiguous());
+      v = band->ctx->gather_tokens(v.reshape({b * t, n, c}).contiguous());
+      nk = k.size(1);
+      k = k.reshape({b, t * nk, c});
+      v = v.reshape({b, t * nk, c});
+    }
+    k = k.unsqueeze(2);  // [B, S, 1, C]
+    v = v.unsqueeze(2);
     backends::AttentionOptions opts;
     opts.scale = 1.0 / std::sqrt(static_cast<double>(c));
     // prepare_causal_attention_mask: frame f's queries see the keys of frames 0..f.
     std::vector<at::Tensor> outs;
     outs.reserve(t);
     for (int64_t f = 0; f < t; ++f) {
-      outs.push_back(backends::attention(q.narrow(1, f * n, n), k.narrow(1, 0, (f + 1) * n),
-                                         v.narrow(1, 0, (f + 1) * n), opts)
+      outs.push_back(backends::attention(q.narrow(1, f * n, n), k.narrow(1, 0, (f + 1) * nk),
+                                         v.narrow(1, 0, (f + 1) * nk), opts)
                          .out.squeeze(2));  // [B, n, C]
     }
     at::Tensor o = to_out_->forward(t == 1 ? outs[0] : at::cat(outs, 1));  // [B, S, C]
@@ -213,10 +246,10 @@ class MidBlock3D : public Module {
         child("resnets.1", std::make_shared<ResnetBlockCausal3D>(channels, channels, groups, act));
   }
 
-  at::Tensor forward(const at::Tensor& x) const {
-    at::Tensor h = resnet0_->forward(x);
-    if (attention_) h = attention_->forward(h);
-    return resnet1_->forward(h);
+  at::Tensor forward(const at::Tensor& x, const HunyuanVideoBand* band = nullptr) const {
+    at::Tensor h = resnet0_->forward(x, band);
+    if (attention_) h = attention_->forward(h, band);
+    return resnet1_->forward(h, band);
   }
 
  private:
@@ -232,11 +265,12 @@ class UpsampleCausal3D : public Module {
     conv_ = child("conv", causal_conv(channels, channels, 3));
   }
 
-  at::Tensor forward(const at::Tensor& x) const {
+  // On a band the nearest upsampling doubles the band's rows, so bands stay aligned.
+  at::Tensor forward(const at::Tensor& x, const HunyuanVideoBand* band = nullptr) const {
     const int64_t t = x.size(2);
     at::Tensor first = nearest(x.narrow(2, 0, 1), 1, fs_);
     at::Tensor h = t > 1 ? at::cat({first, nearest(x.narrow(2, 1, t - 1), ft_, fs_)}, 2) : first;
-    return conv_->forward(h, true);
+    return conv_->forward(h, true, band);
   }
 
  private:
@@ -283,10 +317,10 @@ class UpBlock3D : public Module {
       upsampler_ = child("upsamplers.0", std::make_shared<UpsampleCausal3D>(out, ft, fs));
   }
 
-  at::Tensor forward(const at::Tensor& x) const {
+  at::Tensor forward(const at::Tensor& x, const HunyuanVideoBand* band = nullptr) const {
     at::Tensor h = x;
-    for (const auto& r : resnets_) h = r->forward(h);
-    return upsampler_ ? upsampler_->forward(h) : h;
+    for (const auto& r : resnets_) h = r->forward(h, band);
+    return upsampler_ ? upsampler_->forward(h, band) : h;
   }
 
  private:
@@ -362,12 +396,12 @@ class HunyuanVideoDecoder3D : public Module {
     conv_out_ = child("conv_out", causal_conv(boc[0], c.out_channels, 3));
   }
 
-  at::Tensor forward(const at::Tensor& z) const {
-    at::Tensor h = conv_in_->forward(z, true);
-    h = mid_block_->forward(h);
-    for (const auto& b : up_blocks_) h = b->forward(h);
-    h = apply_activation(group_norm_5d(*conv_norm_out_, h), Activation::kSilu);  // conv_act
-    return conv_out_->forward(h, true);
+  at::Tensor forward(const at::Tensor& z, const HunyuanVideoBand* band = nullptr) const {
+    at::Tensor h = conv_in_->forward(z, true, band);
+    h = mid_block_->forward(h, band);
+    for (const auto& b : up_blocks_) h = b->forward(h, band);
+    h = apply_activation(group_norm_5d(*conv_norm_out_, h, band), Activation::kSilu);  // conv_act
+    return conv_out_->forward(h, true, band);
   }
 
   const at::Tensor& conv_in_weight() const { return conv_in_->weight(); }
@@ -635,20 +669,25 @@ std::pair<at::Tensor, at::Tensor> AutoencoderKLHunyuanVideo::encode(const at::Te
 
 // --- decode ------------------------------------------------------------------------------------
 
-at::Tensor AutoencoderKLHunyuanVideo::decode_plain(const at::Tensor& z) const {
-  return decoder_->forward(post_quant_conv_->forward(z, false));
+at::Tensor AutoencoderKLHunyuanVideo::decode_plain(const at::Tensor& z,
+                                                   const HunyuanVideoBand* band) const {
+  return decoder_->forward(post_quant_conv_->forward(z, false), band);
 }
 
 // diffusers' _decode, its tile thresholds included (the width against the stride: its quirk).
-at::Tensor AutoencoderKLHunyuanVideo::decode_one(const at::Tensor& z) const {
+at::Tensor AutoencoderKLHunyuanVideo::decode_one(const at::Tensor& z,
+                                                 const HunyuanVideoBand* band) const {
   const auto& t = tiling_;
   const int64_t s = config_.spatial_compression_ratio, r = config_.temporal_compression_ratio;
   const int64_t min_h = t.tile_sample_min_height / s;
   const int64_t min_w = t.tile_sample_stride_width / s;
   const int64_t min_f = t.tile_sample_min_num_frames / r;
-  if (t.use_framewise_decoding && z.size(2) > min_f) return temporal_tiled_decode(z);
+  if (t.use_framewise_decoding && z.size(2) > min_f) return temporal_tiled_decode(z, band);
+  XF_CHECK(band == nullptr || !t.use_tiling,
+           "AutoencoderKLHunyuanVideo: spatial tiling (enable_tiling / --enable_tiling) cannot be "
+           "combined with the patch-parallel decode (--use_parallel_vae)");
   if (t.use_tiling && (z.size(4) > min_w || z.size(3) > min_h)) return tiled_decode(z);
-  return decode_plain(z);
+  return decode_plain(z, band);
 }
 
 at::Tensor AutoencoderKLHunyuanVideo::tiled_decode(const at::Tensor& z) const {
@@ -666,7 +705,7 @@ at::Tensor AutoencoderKLHunyuanVideo::tiled_decode(const at::Tensor& z) const {
   for (int64_t i = 0; i < height; i += stride_h) {
     std::vector<at::Tensor> row;
     for (int64_t j = 0; j < width; j += stride_w) {
-      row.push_back(decode_plain(slice(slice(z, 3, i, min_h), 4, j, min_w)));
+      row.push_back(decode_plain(slice(slice(z, 3, i, min_h), 4, j, min_w), nullptr));
     }
     rows.push_back(std::move(row));
   }
@@ -685,7 +724,8 @@ at::Tensor AutoencoderKLHunyuanVideo::tiled_decode(const at::Tensor& z) const {
   return slice(slice(at::cat(result_rows, 3), 3, 0, sample_height), 4, 0, sample_width);
 }
 
-at::Tensor AutoencoderKLHunyuanVideo::temporal_tiled_decode(const at::Tensor& z) const {
+at::Tensor AutoencoderKLHunyuanVideo::temporal_tiled_decode(const at::Tensor& z,
+                                                            const HunyuanVideoBand* band) const {
   const auto& t = tiling_;
   const int64_t s = config_.spatial_compression_ratio, r = config_.temporal_compression_ratio;
   const int64_t num_frames = z.size(2);
@@ -698,9 +738,12 @@ at::Tensor AutoencoderKLHunyuanVideo::temporal_tiled_decode(const at::Tensor& z)
   std::vector<at::Tensor> row;
   for (int64_t i = 0; i < num_frames; i += stride_f) {
     at::Tensor tile = slice(z, 2, i, min_f + 1);
+    XF_CHECK(band == nullptr || !t.use_tiling,
+             "AutoencoderKLHunyuanVideo: spatial tiling (enable_tiling / --enable_tiling) cannot "
+             "be combined with the patch-parallel decode (--use_parallel_vae)");
     at::Tensor decoded = t.use_tiling && (tile.size(4) > min_w || tile.size(3) > min_h)
                              ? tiled_decode(tile)
-                             : decode_plain(tile);
+                             : decode_plain(tile, band);
     if (i > 0) decoded = decoded.narrow(2, 1, decoded.size(2) - 1);
     row.push_back(decoded);
   }
@@ -717,15 +760,22 @@ at::Tensor AutoencoderKLHunyuanVideo::temporal_tiled_decode(const at::Tensor& z)
 }
 
 at::Tensor AutoencoderKLHunyuanVideo::decode(const at::Tensor& z) const {
+  return decode(z, nullptr);
+}
+
+at::Tensor AutoencoderKLHunyuanVideo::decode(const at::Tensor& z,
+                                             const HunyuanVideoBand* band) const {
   XF_CONTEXT("AutoencoderKLHunyuanVideo.decode");
   check_latent("latent z", z);
+  XF_CHECK(band == nullptr || band->ctx != nullptr,
+           "AutoencoderKLHunyuanVideo: a band decode needs a SpatialContext");
   at::Tensor zi = z.to(dtype());
   if (use_slicing_ && zi.size(0) > 1) {
     std::vector<at::Tensor> parts;
-    for (const auto& s : zi.split(1)) parts.push_back(decode_one(s));
+    for (const auto& s : zi.split(1)) parts.push_back(decode_one(s, band));
     return at::cat(parts);
   }
-  return decode_one(zi);
+  return decode_one(zi, band);
 }
 
 // --- call --------------------------------------------------------------------------------------

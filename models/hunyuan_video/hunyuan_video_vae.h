@@ -52,7 +52,22 @@
 
 #include "models/common/component.h"
 
+namespace xfuser::models::vae {
+class SpatialContext;
+}
+
 namespace xfuser::models::hunyuan_video {
+
+// One horizontal band of latent rows decoded under a SpatialContext (patch-parallel decode,
+// hunyuan_video_vae_parallel.h): every spatial 3x3x3 convolution takes its halo rows from
+// ctx->pad_rows and replicates its edge rows only where the band touches the picture's top /
+// bottom; GroupNorm statistics come from ctx->group_moments; the mid-block attention's keys and
+// values are gathered with ctx->gather_tokens.
+struct HunyuanVideoBand {
+  const vae::SpatialContext* ctx = nullptr;
+  bool top = true;     // the band starts at the picture's first row
+  bool bottom = true;  // the band ends at the picture's last row
+};
 
 struct HunyuanVideoVAEConfig {
   // diffusers' defaults (AutoencoderKLHunyuanVideo.__init__, v0.33.1).
@@ -119,6 +134,11 @@ class AutoencoderKLHunyuanVideo : public Component {
   std::pair<at::Tensor, at::Tensor> encode(const at::Tensor& x) const;
   // z [B, latent_channels, f, h, w] -> [B, out_channels, 1 + 4(f-1), s*h, s*w] in dtype().
   at::Tensor decode(const at::Tensor& z) const;
+  // The same on a band of latent rows (z [B, latent_channels, f, rows, w]) -> that band's pixel
+  // rows [B, out_channels, 1 + 4(f-1), s*rows, s*w], with the framewise temporal tiling and
+  // slicing as decode(z). A null band is decode(z). Spatial tiling (use_tiling) on a band is an
+  // error. Every rank of the band's context must make the same call (collectives).
+  at::Tensor decode(const at::Tensor& z, const HunyuanVideoBand* band) const;
 
   // Tiling settings (see the file comment). set_tiling checks them: sizes positive, each stride
   // at most its tile, spatial strides and tiles at least spatial_compression_ratio pixels and
@@ -144,10 +164,10 @@ class AutoencoderKLHunyuanVideo : public Component {
   at::Tensor encode_plain(const at::Tensor& x) const;
   at::Tensor tiled_encode(const at::Tensor& x) const;
   at::Tensor temporal_tiled_encode(const at::Tensor& x) const;
-  at::Tensor decode_one(const at::Tensor& z) const;
-  at::Tensor decode_plain(const at::Tensor& z) const;
+  at::Tensor decode_one(const at::Tensor& z, const HunyuanVideoBand* band) const;
+  at::Tensor decode_plain(const at::Tensor& z, const HunyuanVideoBand* band) const;
   at::Tensor tiled_decode(const at::Tensor& z) const;
-  at::Tensor temporal_tiled_decode(const at::Tensor& z) const;
+  at::Tensor temporal_tiled_decode(const at::Tensor& z, const HunyuanVideoBand* band) const;
   void check_video(const std::string& what, const at::Tensor& x) const;
   void check_latent(const std::string& what, const at::Tensor& z) const;
 
