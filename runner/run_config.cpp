@@ -94,8 +94,9 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_option("--num_inference_steps", c.num_inference_steps, "Denoising steps")->group(kIn);
   app.add_option("--guidance_scale", c.guidance_scale, "Guidance scale (model default)")
       ->group(kIn);
-  app.add_option("--true_cfg_scale", c.true_cfg_scale,
-                 "True classifier-free guidance scale (FLUX; > 1 with a negative prompt)")
+  app.add_option(
+         "--true_cfg_scale", c.true_cfg_scale,
+         "True classifier-free guidance scale (FLUX, HunyuanVideo; > 1 with a negative prompt)")
       ->group(kIn);
   app.add_option("--max_sequence_length", c.max_sequence_length, "Maximum text sequence length")
       ->group(kIn);

@@ -64,9 +64,12 @@ void run_tokenize(const TokenizeOptions& options) {
 void register_tokenize(CLI::App& app) {
   auto options = std::make_shared<TokenizeOptions>();
   auto* cmd = app.add_subcommand(
-      "tokenize", "Tokenize texts with a tokenizer folder (CLIP or T5) and print the ids as JSON");
+      "tokenize",
+      "Tokenize texts with a tokenizer folder (CLIP, T5 or a tokenizer.json BPE) and print the ids "
+      "as JSON");
   cmd->add_option("--tokenizer-dir", options->tokenizer_dir,
-                  "Tokenizer folder: vocab.json + merges.txt (CLIP) or spiece.model (T5)")
+                  "Tokenizer folder: vocab.json + merges.txt (CLIP), spiece.model (T5) or a "
+                  "byte-level BPE tokenizer.json (Llama 3, Qwen)")
       ->required();
   cmd->add_option("--max-length", options->max_length,
                   "Pad / truncate every text to this many tokens")
