@@ -152,8 +152,8 @@ TEST_F(Sd3Run, UnknownPipelineClassAndPlannedModelsAreClearErrors) {
             std::string::npos)
       << log;
   EXPECT_NE(log.find("StableDiffusion3Pipeline"), std::string::npos) << log;
-  EXPECT_NE(run_command(bin_ + " --model hunyuanvideo --prompt x", &log), 0);
-  EXPECT_NE(log.find("(HunyuanVideo (text-to-video)) is planned but not supported yet"),
+  EXPECT_NE(run_command(bin_ + " --model hunyuanvideo-1.5 --prompt x", &log), 0);
+  EXPECT_NE(log.find("(HunyuanVideo-1.5 (text/image-to-video)) is planned but not supported yet"),
             std::string::npos)
       << log;
   // Ids match case-insensitively.
