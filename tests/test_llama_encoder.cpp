@@ -1,5 +1,6 @@
 // LlamaModel / MistralModel text encoders (HunyuanVideo, FLUX.2) against transformers v4.44.2
-// fixtures (GQA, default and llama3 RoPE, biases, Mistral's explicit head_dim and sliding window,
+// fixtures (and Mistral3ForConditionalGeneration's language model, FLUX.2's text encoder, against
+// v4.57.1) (GQA, default and llama3 RoPE, biases, Mistral's explicit head_dim and sliding window,
 // right and left padding), plus hidden-state selection, *ForCausalLM loading, config and input
 // errors.
 #include <cstdio>
@@ -30,8 +31,10 @@ using xfuser::testing::max_rel_error;
 using xfuser::testing::read_json;
 using xfuser::testing::read_tensors;
 
+// Mistral 3 (FLUX.2's text encoder) needs transformers 4.57.1; the others are 4.44.2's.
 std::filesystem::path case_dir(const std::string& name) {
-  return fixtures_dir() / "transformers-v4.44.2" / name;
+  return fixtures_dir() /
+         (name.rfind("mistral3-", 0) == 0 ? "transformers-v4.57.1" : "transformers-v4.44.2") / name;
 }
 
 std::shared_ptr<LlamaEncoder> load_case(const std::string& name, c10::ScalarType dtype) {
@@ -48,9 +51,9 @@ TensorMap case_inputs(const std::string& name) {
   return inputs;
 }
 
-const std::vector<std::string> kCases = {"llama-tiny_mask-s1", "llama-tiny_llama3rope-s1",
-                                         "llama-tiny_leftpad-s1", "mistral-tiny_headdim-s1",
-                                         "mistral-tiny_window-s1"};
+const std::vector<std::string> kCases = {"llama-tiny_mask-s1",     "llama-tiny_llama3rope-s1",
+                                         "llama-tiny_leftpad-s1",  "mistral-tiny_headdim-s1",
+                                         "mistral-tiny_window-s1", "mistral3-tiny_flux2-s1"};
 
 // Every output the case lists against transformers' fp32 and f64 outputs; returns the worst
 // error against the fp32 reference.
@@ -84,6 +87,49 @@ double check_case(const std::string& name, c10::ScalarType dtype, double tol) {
 }
 
 // ---- fixtures -----------------------------------------------------------------------------------
+
+// FLUX.2's text encoder: the language model of a Mistral3ForConditionalGeneration folder, read
+// from transformers 4.57's "language_model.model." names or the in-memory "model.language_model."
+// ones; the vision tower, projector and lm_head are not parameters of the encoder.
+TEST(LlamaEncoderFixtures, Mistral3LanguageModelUnderEitherPrefix) {
+  const std::string name = "mistral3-tiny_flux2-s1";
+  XF_REQUIRE_FIXTURE(case_dir(name));
+  auto model = load_case(name, at::kFloat);
+  ASSERT_TRUE(model);
+  EXPECT_EQ(model->class_name(), "Mistral3ForConditionalGeneration");
+  EXPECT_TRUE(model->config().multimodal);
+  EXPECT_EQ(model->config().head_dim, 24);
+  EXPECT_EQ(model->config().num_hidden_layers, 4);
+  const auto stored = read_tensors(case_dir(name) / "model.safetensors");
+  TensorMap renamed;
+  const std::string legacy = "language_model.model.";
+  for (const auto& [k, v] : stored) {
+    renamed[k.rfind(legacy, 0) == 0 ? "model.language_model." + k.substr(legacy.size()) : k] = v;
+  }
+  ASSERT_EQ(renamed.count("model.language_model.embed_tokens.weight"), 1u);
+  LlamaEncoder other(model->config());
+  other.load(TensorMapSource(renamed, "renamed"), at::kFloat);
+  const auto inputs = case_inputs(name);
+  const auto a = model->forward(inputs.at("input_ids"), inputs.at("attention_mask"));
+  const auto b = other.forward(inputs.at("input_ids"), inputs.at("attention_mask"));
+  EXPECT_TRUE(at::equal(a.hidden_states, b.hidden_states));
+  // Neither prefix: the error names both.
+  TensorMap bare;
+  for (const auto& [k, v] : stored) {
+    if (k.rfind(legacy, 0) == 0) bare[k.substr(legacy.size())] = v;
+  }
+  xfuser::testing::expect_error_containing(
+      [&] { LlamaEncoder(model->config()).load(TensorMapSource(bare, "bare"), at::kFloat); },
+      {"language_model.model.embed_tokens.weight", "model.language_model.embed_tokens.weight"});
+  // A config without text_config is refused by name.
+  nlohmann::json config = read_json(case_dir(name) / "config.json");
+  config.erase("text_config");
+  xfuser::testing::expect_error_containing(
+      [&] {
+        LlamaEncoderConfig::from_json(config, "config.json", "Mistral3ForConditionalGeneration");
+      },
+      {"config.json", "text_config"});
+}
 
 TEST(LlamaEncoderFixtures, Float32MatchesTransformers) {
   double worst = 0;

@@ -44,6 +44,21 @@ at::Tensor rotate_half(const at::Tensor& x) {
 LlamaEncoderConfig LlamaEncoderConfig::from_json(const nlohmann::json& j, const std::string& path,
                                                  const std::string& architecture) {
   XF_CHECK(j.is_object(), "config ", path, " is not a JSON object");
+  if (architecture == "Mistral3ForConditionalGeneration") {
+    // FLUX.2's text encoder: the language model (a MistralModel) of a Mistral 3 vision-language
+    // checkpoint, configured by "text_config"; the vision tower and projector are not used.
+    const auto tc = j.find("text_config");
+    XF_CHECK(tc != j.end() && tc->is_object(), "config ", path,
+             ": a Mistral3ForConditionalGeneration config needs a \"text_config\" object (the "
+             "language model's MistralConfig)");
+    const std::string model_type = tc->value("model_type", std::string("mistral"));
+    XF_CHECK(model_type == "mistral", "config ", path, ": text_config.model_type is '", model_type,
+             "'; only a Mistral language model is supported");
+    LlamaEncoderConfig c = from_json(*tc, path + " text_config", "MistralModel");
+    c.architecture = architecture;
+    c.multimodal = true;
+    return c;
+  }
   LlamaEncoderConfig c;
   c.architecture = architecture;
   if (architecture == "LlamaModel" || architecture == "LlamaForCausalLM") {
@@ -53,7 +68,7 @@ LlamaEncoderConfig LlamaEncoderConfig::from_json(const nlohmann::json& j, const 
   } else {
     XF_THROW("config ", path, ": architecture '", architecture,
              "' is not a Llama / Mistral language model (LlamaModel, LlamaForCausalLM, "
-             "MistralModel, MistralForCausalLM)");
+             "MistralModel, MistralForCausalLM, Mistral3ForConditionalGeneration)");
   }
   c.causal_lm = architecture.size() > 11 &&
                 architecture.compare(architecture.size() - 11, 11, "ForCausalLM") == 0;
@@ -306,6 +321,20 @@ void LlamaEncoder::load(const TensorSource& source, c10::ScalarType dtype,
   LoadOptions opts = options;
   // The language-model head (tied or not) is not part of the encoder.
   if (config_.causal_lm) opts.ignore_unexpected_prefixes.push_back("lm_head.");
+  if (config_.multimodal) {
+    // Mistral3ForConditionalGeneration: transformers >= 4.52 saves the language model under
+    // "model.language_model.", earlier releases (and the original checkpoints) under
+    // "language_model.model."; the vision tower, projector and lm_head are outside it.
+    for (const char* lm : {"model.language_model.", "language_model.model."}) {
+      if (source.contains(prefix + lm + "embed_tokens.weight")) {
+        Module::load(source, dtype, prefix + lm, opts);
+        return;
+      }
+    }
+    XF_THROW(source.describe(), ": no ", prefix, "model.language_model.embed_tokens.weight or ",
+             prefix, "language_model.model.embed_tokens.weight: not a ", config_.architecture,
+             " checkpoint");
+  }
   Module::load(source, dtype, prefix, opts);
 }
 

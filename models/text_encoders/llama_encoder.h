@@ -10,7 +10,9 @@
 //   layers.N.mlp.{gate_proj, up_proj} [I, d], mlp.down_proj [d, I]  (.bias when mlp_bias, Llama)
 //   norm.weight [d]
 // The *ForCausalLM architectures hold the same under "model." plus lm_head.weight, which the
-// encoder does not use (ignored when loading, present or not).
+// encoder does not use (ignored when loading, present or not). Mistral3ForConditionalGeneration
+// (FLUX.2's Mistral-Small-3.1) holds its language model under "model.language_model." (or
+// "language_model.model."), configured by config.json's text_config; only that part is read.
 //
 // Math (as transformers' eager path): RMSNorm with the variance in float32 and the normalised
 // value cast back before the weight; RoPE (rotate_half) with inv_freq computed in float32 on the
@@ -60,6 +62,9 @@ struct LlamaEncoderConfig {
   std::string architecture = "LlamaModel";  // config.json "architectures"[0]
   Family family = Family::kLlama;
   bool causal_lm = false;  // *ForCausalLM: weights under "model.", lm_head ignored
+  // Mistral3ForConditionalGeneration (FLUX.2): the config's text_config, the weights under
+  // "model.language_model." (or "language_model.model."), everything else ignored.
+  bool multimodal = false;
 
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;

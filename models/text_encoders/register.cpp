@@ -32,8 +32,8 @@ void register_text_encoders() {
       "UMT5EncoderModel", [](const nlohmann::json& config, const std::string& path) {
         return std::make_shared<T5Encoder>(T5EncoderConfig::from_json(config, path, true));
       });
-  for (const char* name :
-       {"LlamaModel", "LlamaForCausalLM", "MistralModel", "MistralForCausalLM"}) {
+  for (const char* name : {"LlamaModel", "LlamaForCausalLM", "MistralModel", "MistralForCausalLM",
+                           "Mistral3ForConditionalGeneration"}) {
     const std::string architecture = name;
     ComponentRegistry::add(
         architecture, [architecture](const nlohmann::json& config, const std::string& path) {
