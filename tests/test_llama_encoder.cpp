@@ -16,6 +16,7 @@
 #include "models/common/component.h"
 #include "models/text_encoders/llama_encoder.h"
 #include "models/weights/component_folder.h"
+#include "models/weights/safetensors.h"
 #include "models/weights/tensor_source.h"
 #include "tests/test_util.h"
 
@@ -51,9 +52,10 @@ TensorMap case_inputs(const std::string& name) {
   return inputs;
 }
 
-const std::vector<std::string> kCases = {"llama-tiny_mask-s1",     "llama-tiny_llama3rope-s1",
-                                         "llama-tiny_leftpad-s1",  "mistral-tiny_headdim-s1",
-                                         "mistral-tiny_window-s1", "mistral3-tiny_flux2-s1"};
+const std::vector<std::string> kCases = {"llama-tiny_mask-s1",      "llama-tiny_llama3rope-s1",
+                                         "llama-tiny_leftpad-s1",   "mistral-tiny_headdim-s1",
+                                         "mistral-tiny_window-s1",  "mistral3-tiny_flux2-s1",
+                                         "mistral3-tiny_leftpad-s1"};
 
 // Every output the case lists against transformers' fp32 and f64 outputs; returns the worst
 // error against the fp32 reference.
@@ -113,6 +115,29 @@ TEST(LlamaEncoderFixtures, Mistral3LanguageModelUnderEitherPrefix) {
   const auto a = model->forward(inputs.at("input_ids"), inputs.at("attention_mask"));
   const auto b = other.forward(inputs.at("input_ids"), inputs.at("attention_mask"));
   EXPECT_TRUE(at::equal(a.hidden_states, b.hidden_states));
+  // The left-padded case pins the zero rule: attending to every key instead moves the pad rows.
+  {
+    const std::string left = "mistral3-tiny_leftpad-s1";
+    XF_REQUIRE_FIXTURE(case_dir(left));
+    auto zero = load_case(left, at::kFloat);
+    ASSERT_TRUE(zero);
+    EXPECT_EQ(zero->config().fully_masked_rows, LlamaEncoderConfig::FullyMaskedRows::kZero);
+    auto config = zero->config();
+    config.fully_masked_rows = LlamaEncoderConfig::FullyMaskedRows::kAttendAll;
+    LlamaEncoder attend_all(config);
+    attend_all.load(
+        xfuser::models::SafetensorsFile((case_dir(left) / "model.safetensors").string()),
+        at::kFloat);
+    const auto in = case_inputs(left);
+    const auto ref = read_tensors(case_dir(left) / "output.safetensors").at("hidden_states");
+    const auto got = attend_all.forward(in.at("input_ids"), in.at("attention_mask")).hidden_states;
+    EXPECT_GT(max_rel_error(got, ref), 1e-3) << "the fixture does not tell the two rules apart";
+    const auto real = in.at("attention_mask").ne(0);  // [B, S]
+    EXPECT_LT(max_rel_error(got.index({at::indexing::Slice(), real}),
+                            ref.index({at::indexing::Slice(), real})),
+              1e-5)
+        << "real tokens never see the pad rows";
+  }
   // Neither prefix: the error names both.
   TensorMap bare;
   for (const auto& [k, v] : stored) {

@@ -57,6 +57,9 @@ LlamaEncoderConfig LlamaEncoderConfig::from_json(const nlohmann::json& j, const 
     LlamaEncoderConfig c = from_json(*tc, path + " text_config", "MistralModel");
     c.architecture = architecture;
     c.multimodal = true;
+    // Mistral 3 exists from transformers 4.50, whose SDPA path (the default) on torch >= 2.5
+    // gives fully masked query rows a zero attention output.
+    c.fully_masked_rows = FullyMaskedRows::kZero;
     return c;
   }
   LlamaEncoderConfig c;
@@ -230,9 +233,11 @@ class LlamaAttention : public Module {
     o_proj_ = child("o_proj", std::make_shared<Linear>(heads_ * head_dim_, c.hidden_size, bias));
   }
 
-  // x [B, S, d]; cos / sin [1, 1, S, hd] in x's dtype; mask additive [B or 1, 1, S, S].
+  // x [B, S, d]; cos / sin [1, 1, S, hd] in x's dtype; mask additive [B or 1, 1, S, S];
+  // row_keep [B, S, 1] (0 / 1 in x's dtype) or undefined: multiplies the attention output before
+  // o_proj (the zero rule for query rows with no allowed key).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const at::Tensor& mask) const {
+                     const at::Tensor& mask, const at::Tensor& row_keep) const {
     const int64_t b = x.size(0), s = x.size(1);
     const int64_t groups = heads_ / kv_heads_;
     auto q = q_proj_->forward(x).view({b, s, heads_, head_dim_}).transpose(1, 2);  // [B, H, S, hd]
@@ -252,6 +257,7 @@ class LlamaAttention : public Module {
     auto ctx = text_encoders::matmul(probs, vg);  // [B, KV, G, S, hd]
     ctx =
         ctx.reshape({b, heads_, s, head_dim_}).transpose(1, 2).reshape({b, s, heads_ * head_dim_});
+    if (row_keep.defined()) ctx = ctx * row_keep;
     return o_proj_->forward(ctx);  // [B, S, d]
   }
 
@@ -291,8 +297,8 @@ class LlamaDecoderLayer : public Module {
         "post_attention_layernorm", std::make_shared<LlamaRmsNorm>(c.hidden_size, c.rms_norm_eps));
   }
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const at::Tensor& mask) const {
-    auto h = x + self_attn_->forward(input_layernorm_->forward(x), cos, sin, mask);
+                     const at::Tensor& mask, const at::Tensor& row_keep) const {
+    auto h = x + self_attn_->forward(input_layernorm_->forward(x), cos, sin, mask, row_keep);
     return h + mlp_->forward(post_attention_layernorm_->forward(h));
   }
 
@@ -379,24 +385,32 @@ void LlamaEncoder::run(const at::Tensor& input_ids, const at::Tensor& attention_
   auto cos = angles.cos().to(dtype);
   auto sin = angles.sin().to(dtype);
 
-  // Allowed keys: j <= i, within the sliding window, not padding; rows with no allowed key
-  // attend to every key (_unmask_unattended). Additive finfo(dtype).min mask [B|1, 1, S, S].
+  // Allowed keys: j <= i, within the sliding window, not padding. Rows with no allowed key (the
+  // leading pads of a left-padded row) attend to every key (kAttendAll: _unmask_unattended), or
+  // give a zero attention output (kZero: SDPA with torch >= 2.5). Additive finfo(dtype).min mask
+  // [B|1, 1, S, S].
   auto pos = at::arange(s, ids.options());
   auto query = pos.view({s, 1}), key = pos.view({1, s});
   auto allowed = key.le(query);  // [S, S]
+  at::Tensor row_keep;           // [B, S, 1] under kZero when some row has no allowed key
   if (config_.sliding_window) {
     allowed = allowed.logical_and(key.gt(query - *config_.sliding_window));
   }
   allowed = allowed.view({1, 1, s, s});
   if (attention_mask.defined()) {
-    allowed = allowed.logical_and(attention_mask.ne(0).view({b, 1, 1, s}));  // [B, 1, S, S]
-    allowed = allowed.logical_or(allowed.any(-1, /*keepdim=*/true).logical_not());
+    allowed = allowed.logical_and(attention_mask.ne(0).view({b, 1, 1, s}));   // [B, 1, S, S]
+    const auto unattended = allowed.any(-1, /*keepdim=*/true).logical_not();  // [B, 1, S, 1]
+    allowed = allowed.logical_or(unattended);
+    if (config_.fully_masked_rows == LlamaEncoderConfig::FullyMaskedRows::kZero &&
+        unattended.any().item<bool>()) {
+      row_keep = unattended.logical_not().to(dtype).view({b, s, 1});
+    }
   }
   auto mask = at::zeros(allowed.sizes(), x.options())
                   .masked_fill(allowed.logical_not(), dtype_lowest(dtype));
 
   for (int64_t i = 0; i < last_layer; ++i) {
-    x = layers_[i]->forward(x, cos, sin, mask);
+    x = layers_[i]->forward(x, cos, sin, mask, row_keep);
     visit(i + 1, i + 1 == num_layers ? norm_->forward(x) : x);
   }
 }

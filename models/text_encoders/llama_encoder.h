@@ -24,9 +24,11 @@
 // sliding window: key j is kept for query i when i - window < j <= i, which transformers 4.44.2's
 // eager/SDPA mask applies whenever sliding_window is set), softmax in float32.
 // Query rows whose every key is masked (the leading pads of a left-padded row) attend to every
-// key, as transformers' SDPA path does on CUDA (AttentionMaskConverter._unmask_unattended); the
-// eager / CPU path would average them uniformly instead. Only padded positions differ between
-// the two rules; no real token ever attends to them.
+// key, as transformers 4.44's SDPA path does on CUDA (AttentionMaskConverter._unmask_unattended);
+// the eager / CPU path would average them uniformly instead. Mistral3ForConditionalGeneration
+// (transformers >= 4.50) gives them a zero attention output instead, as SDPA does on torch >= 2.5
+// (config.fully_masked_rows). Only padded positions differ between the rules; no real token ever
+// attends to them.
 //
 // call("forward", {input_ids [B, S] integer, attention_mask [B, S] optional}) returns
 //   last_hidden_state [B, S, d]      after the final norm
@@ -65,6 +67,12 @@ struct LlamaEncoderConfig {
   // Mistral3ForConditionalGeneration (FLUX.2): the config's text_config, the weights under
   // "model.language_model." (or "language_model.model."), everything else ignored.
   bool multimodal = false;
+  // Query rows whose every key is masked (the leading pads of a left-padded row): kAttendAll as
+  // transformers 4.44's SDPA path on CUDA (_unmask_unattended; HunyuanVideo), kZero as the SDPA
+  // path of transformers >= 4.48 on torch >= 2.5 (a zero attention output; Mistral 3 / FLUX.2).
+  // Only padded positions differ; no real token attends to them.
+  enum class FullyMaskedRows { kAttendAll, kZero };
+  FullyMaskedRows fully_masked_rows = FullyMaskedRows::kAttendAll;
 
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
