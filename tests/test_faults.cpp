@@ -212,8 +212,11 @@ TEST_P(Faults, ARankKilledWithSigkillMidStepEndsTheJob) {
 }
 
 TEST_P(Faults, SigtermToMpirunEndsEveryRank) {
-  Job job(command("--num_inference_steps 200 --comm_timeout 300 --log_level debug"), logs_ / "log");
-  ASSERT_FALSE(job.wait_for_log("denoising step 2/200", 60).empty()) << job.log();
+  // 5000 steps: mpirun forwards the ranks' output in chunks, so "step 2" can reach the log long
+  // after step 2; 200 steps (~4 s of tiny-flux) sometimes ended before the signal was sent.
+  Job job(command("--num_inference_steps 5000 --comm_timeout 300 --log_level debug"),
+          logs_ / "log");
+  ASSERT_FALSE(job.wait_for_log("denoising step 2/5000", 60).empty()) << job.log();
   ASSERT_EQ(::kill(job.pid(), SIGTERM), 0);
   expect_clean_failure(job);
 }
