@@ -15,8 +15,9 @@ int64_t Tokenizer::num_special_tokens() const {
   return static_cast<int64_t>(with_special_tokens({}).size());
 }
 
-Encoding Tokenizer::encode(const std::string& text, int64_t max_length) const {
-  const int64_t num_special = num_special_tokens();
+Encoding Tokenizer::encode(const std::string& text, int64_t max_length,
+                           bool add_special_tokens) const {
+  const int64_t num_special = add_special_tokens ? num_special_tokens() : 0;
   const std::string where = source_.empty() ? std::string() : " (" + source_ + ")";
   XF_CHECK(max_length >= num_special, kind(), " tokenizer", where, ": max_length ", max_length,
            " cannot hold the ", num_special, " special token(s)");
@@ -32,7 +33,7 @@ Encoding Tokenizer::encode(const std::string& text, int64_t max_length) const {
     }
   }
   Encoding out;
-  out.input_ids = with_special_tokens(std::move(ids));
+  out.input_ids = add_special_tokens ? with_special_tokens(std::move(ids)) : std::move(ids);
   out.attention_mask.assign(out.input_ids.size(), 1);
   if (static_cast<int64_t>(out.input_ids.size()) < max_length) {
     XF_CHECK(pad_id_.has_value(), kind(), " tokenizer", where,

@@ -32,8 +32,10 @@ class Tokenizer {
   std::vector<int64_t> encode_ids(const std::string& text) const;
   // Truncated to max_length (text ids dropped, special tokens kept; from the left when
   // truncation_side is "left") and padded with the pad id (on the left when padding_side is
-  // "left": mask zeros first).
-  Encoding encode(const std::string& text, int64_t max_length) const;
+  // "left": mask zeros first). add_special_tokens false: tokenizer(text, add_special_tokens=False,
+  // ...), as a processor's apply_chat_template calls it (the template writes the bos itself).
+  Encoding encode(const std::string& text, int64_t max_length,
+                  bool add_special_tokens = true) const;
   std::vector<Encoding> encode(const std::vector<std::string>& texts, int64_t max_length) const;
 
   // Ids of the text without special tokens (tokenize + convert_tokens_to_ids).
@@ -42,6 +44,8 @@ class Tokenizer {
   std::optional<int64_t> bos_id() const { return bos_id_; }
   std::optional<int64_t> eos_id() const { return eos_id_; }
   std::optional<int64_t> pad_id() const { return pad_id_; }
+  bool padding_left() const { return padding_left_; }        // padding_side == "left"
+  bool truncation_left() const { return truncation_left_; }  // truncation_side == "left"
   // Number of ids, added tokens included (len(tokenizer)).
   virtual int64_t size() const = 0;
 
