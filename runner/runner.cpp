@@ -279,7 +279,12 @@ ResolvedArgs Runner::preprocess_args() const {
   // The pictures, read once (errors name the file).
   std::vector<at::Tensor> pictures;
   for (const auto& file : c.input_images) pictures.push_back(read_image(file));
-  if (spec.task == models::Task::kImageToImage && !c.height && !c.width && !pictures.empty()) {
+  if (spec.size_from_picture && !pictures.empty()) {
+    const auto [h, w] = spec.size_from_picture(pictures[0].size(0), pictures[0].size(1));
+    if (!c.height) c.height = h;
+    if (!c.width) c.width = w;
+  } else if (spec.task == models::Task::kImageToImage && !c.height && !c.width &&
+             !pictures.empty()) {
     // Editing models: the output keeps the picture's aspect ratio at the default area (as
     // FluxKontextPipeline's max_area rule), sides rounded down to multiples of 16.
     const double aspect = static_cast<double>(pictures[0].size(1)) / pictures[0].size(0);

@@ -158,6 +158,11 @@ void check_pipeline(const std::string& name) {
     if (c.contains("input_image")) {
       r.input_images = {xfuser::runner::read_image(dir / c["input_image"].get<std::string>())};
     }
+    if (c.contains("input_images")) {  // several pictures (FLUX.2 editing)
+      for (const auto& file : c["input_images"]) {
+        r.input_images.push_back(xfuser::runner::read_image(dir / file.get<std::string>()));
+      }
+    }
     r.seeds.assign(r.prompts.size(), 0);  // unused: the latents are given
     r.latents = xfuser::models::SafetensorsFile((dir / "latents.safetensors").string())
                     .get("latents")
