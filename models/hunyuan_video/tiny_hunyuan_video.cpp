@@ -17,6 +17,7 @@
 #include "models/common/tiny_pipeline.h"
 #include "models/flux/tiny_flux.h"
 #include "models/hunyuan_video/hunyuan_video_pipeline.h"
+#include "models/tokenizers/bpe_trainer.h"
 
 namespace xfuser::models::hunyuan_video {
 namespace fs = std::filesystem;
@@ -37,37 +38,10 @@ const std::vector<std::string>& special_tokens() {
   return tokens;
 }
 
-// GPT-2's bytes_to_unicode: (byte, its symbol in UTF-8), printable bytes first.
-std::vector<std::pair<int, std::string>> byte_symbols() {
-  std::vector<int> bs;
-  for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
-  for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
-  for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
-  std::vector<int> cs = bs;
-  int n = 0;
-  for (int b = 0; b < 256; ++b) {
-    if (std::find(bs.begin(), bs.end(), b) == bs.end()) {
-      bs.push_back(b);
-      cs.push_back(256 + n++);
-    }
-  }
-  auto utf8 = [](int cp) {
-    std::string s;
-    if (cp < 0x80) {
-      s += static_cast<char>(cp);
-    } else {
-      s += static_cast<char>(0xC0 | (cp >> 6));
-      s += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-    return s;
-  };
-  std::vector<std::pair<int, std::string>> out;
-  for (size_t i = 0; i < bs.size(); ++i) out.emplace_back(bs[i], utf8(cs[i]));
-  return out;
-}
-
-// ASCII pieces close to the Llama 3 split (a leading non-letter glued to letters, digits by up to
-// three, punctuation runs with an optional leading space, whitespace): only for learning merges.
+// ASCII pieces close to the Llama 3 split (kept as the merges were first learned, so the
+// tokenizer.json stays the same; the ICU split of the regex gives one merge more) (a leading
+// non-letter glued to letters, digits by up to three, punctuation runs with an optional leading
+// space, whitespace): only for learning merges.
 std::vector<std::string> training_pieces(const std::string& text) {
   std::vector<std::string> out;
   size_t i = 0;
@@ -116,117 +90,34 @@ std::string corpus() {
 }  // namespace
 
 std::string tiny_llama3_tokenizer_json(const std::string& text, int num_merges) {
-  const auto symbols = byte_symbols();
-  std::map<int, std::string> byte_to_symbol(symbols.begin(), symbols.end());
-  std::map<std::vector<std::string>, int64_t> words;
-  for (const auto& piece : training_pieces(text)) {
-    std::vector<std::string> w;
-    for (unsigned char c : piece) w.push_back(byte_to_symbol.at(c));
-    ++words[w];
-  }
-  std::vector<std::pair<std::string, std::string>> merges;
-  for (int m = 0; m < num_merges; ++m) {
-    std::map<std::pair<std::string, std::string>, int64_t> counts;
-    for (const auto& [w, freq] : words) {
-      for (size_t k = 0; k + 1 < w.size(); ++k) counts[{w[k], w[k + 1]}] += freq;
-    }
-    if (counts.empty()) break;
-    auto best = counts.begin();
-    for (auto it = counts.begin(); it != counts.end(); ++it) {
-      if (it->second > best->second) best = it;  // ties: the first (lexicographic)
-    }
-    if (best->second < 2) break;
-    const auto pair = best->first;
-    merges.push_back(pair);
-    std::map<std::vector<std::string>, int64_t> merged;
-    for (const auto& [w, freq] : words) {
-      std::vector<std::string> out;
-      for (size_t k = 0; k < w.size(); ++k) {
-        if (k + 1 < w.size() && w[k] == pair.first && w[k + 1] == pair.second) {
-          out.push_back(pair.first + pair.second);
-          ++k;
-        } else {
-          out.push_back(w[k]);
-        }
-      }
-      merged[out] += freq;
-    }
-    words = std::move(merged);
-  }
-  json vocab = json::object();
-  int64_t id = 0;
-  for (const auto& [b, symbol] : symbols) vocab[symbol] = id++;
-  json merge_list = json::array();
-  for (const auto& [a, b] : merges) {
-    // A merge whose result is already a token (another pair made it) keeps its first id.
-    if (!vocab.contains(a + b)) vocab[a + b] = id++;
-    merge_list.push_back(a + " " + b);
-  }
-  json added = json::array();
-  json special_ids = json::object();
-  for (const auto& special : special_tokens()) {
-    added.push_back({{"id", id},
-                     {"content", special},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
-    special_ids[special] = id++;
-  }
   const std::string bos = "<|begin_of_text|>";
-  const json bos_id = special_ids[bos];
-  json tokenizer = {
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", added},
-      {"normalizer", nullptr},
-      {"pre_tokenizer",
-       {{"type", "Sequence"},
-        {"pretokenizers",
-         {{{"type", "Split"},
-           {"pattern", {{"Regex", kLlama3Pattern}}},
-           {"behavior", "Isolated"},
-           {"invert", false}},
-          {{"type", "ByteLevel"},
-           {"add_prefix_space", false},
-           {"trim_offsets", true},
-           {"use_regex", false}}}}}},
-      {"post_processor",
-       {{"type", "Sequence"},
-        {"processors",
-         {{{"type", "ByteLevel"},
-           {"add_prefix_space", true},
-           {"trim_offsets", false},
-           {"use_regex", true}},
-          {{"type", "TemplateProcessing"},
-           {"single",
-            {{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}},
-             {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-           {"pair",
-            {{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}},
-             {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-             {{"SpecialToken", {{"id", bos}, {"type_id", 1}}}},
-             {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
-           {"special_tokens", {{bos, {{"id", bos}, {"ids", {bos_id}}, {"tokens", {bos}}}}}}}}}}},
-      {"decoder",
-       {{"type", "ByteLevel"},
-        {"add_prefix_space", true},
-        {"trim_offsets", true},
-        {"use_regex", true}}},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr},
-        {"fuse_unk", false},
-        {"byte_fallback", false},
-        {"ignore_merges", true},
-        {"vocab", vocab},
-        {"merges", merge_list}}}};
-  return tokenizer.dump(2) + "\n";
+  // <|begin_of_text|>'s id: after the 256 byte symbols and the merges' tokens (trained first).
+  tokenizers::BpeTrainerOptions options;
+  options.split_pattern = kLlama3Pattern;
+  options.special_tokens = special_tokens();
+  options.specials_first = false;
+  options.num_merges = num_merges;
+  options.pieces = training_pieces;
+  const json untemplated = json::parse(tokenizers::train_byte_level_bpe(text, options));
+  const json bos_id = untemplated.at("added_tokens").at(0).at("id");
+  options.post_processor = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"},
+         {"add_prefix_space", true},
+         {"trim_offsets", false},
+         {"use_regex", true}},
+        {{"type", "TemplateProcessing"},
+         {"single",
+          {{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}},
+           {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+         {"pair",
+          {{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}},
+           {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+           {{"SpecialToken", {{"id", bos}, {"type_id", 1}}}},
+           {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+         {"special_tokens", {{bos, {{"id", bos}, {"ids", {bos_id}}, {"tokens", {bos}}}}}}}}}};
+  return tokenizers::train_byte_level_bpe(text, options);
 }
 
 void write_tiny_hunyuan_video(const fs::path& out, uint64_t seed) {
