@@ -12,10 +12,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "backends/error.h"
 #include "models/common/component.h"
 #include "models/flux2/flux2_prompt.h"
 #include "models/flux2/tiny_flux2.h"
 #include "models/text_encoders/llama_encoder.h"
+#include "models/tokenizers/bpe_trainer.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/safetensors.h"
@@ -185,6 +187,30 @@ TEST_F(TinyFlux2, TransformerRunsOnPromptEmbeds) {
   EXPECT_EQ(out.sizes(), at::IntArrayRef({1, n, 16}));
   EXPECT_TRUE(at::isfinite(out).all().item<bool>());
   EXPECT_GT(out.abs().max().item<float>(), 0.0f);
+}
+
+TEST(BpeTrainer, OptionsAndErrors) {
+  namespace tk = xfuser::models::tokenizers;
+  tk::BpeTrainerOptions options;
+  options.split_pattern = " ?[a-z]+|\\s+";
+  options.special_tokens = {"<a>", "<b>"};
+  options.num_merges = 3;
+  options.specials_first = true;
+  auto first = nlohmann::json::parse(tk::train_byte_level_bpe("aa aa aa bb", options));
+  EXPECT_EQ(first["added_tokens"][1]["id"], 1);
+  EXPECT_EQ(first["model"]["vocab"]["<b>"], 1);
+  // "a a" (3 times), then "Ġ aa" (twice); every other pair occurs once: training stops early.
+  EXPECT_EQ(first["model"]["merges"], (nlohmann::json{"a a", "Ġ aa"}));
+  options.specials_first = false;
+  auto last = nlohmann::json::parse(tk::train_byte_level_bpe("aa aa aa bb", options));
+  EXPECT_EQ(last["added_tokens"][0]["id"], 256 + 2);
+  EXPECT_FALSE(last["model"]["vocab"].contains("<a>"));
+  // Gaps between matches are pieces too (the Split pre-tokenizer's Isolated behaviour).
+  EXPECT_EQ(tk::split_isolated("ab,cd", "[a-z]+"), (std::vector<std::string>{"ab", ",", "cd"}));
+  options.split_pattern = "([a-z";
+  EXPECT_THROW(tk::train_byte_level_bpe("x", options), xfuser::Error);
+  options.split_pattern = "";
+  EXPECT_THROW(tk::train_byte_level_bpe("x", options), xfuser::Error);
 }
 
 }  // namespace
