@@ -78,9 +78,9 @@ class HunyuanVideoRun : public ::testing::Test {
 TEST_F(HunyuanVideoRun, ModelPathAloneEndsOnDiffusersAndWritesTheMp4) {
   TempDir out;
   std::string log;
-  ASSERT_EQ(run_command(command("embedded_guidance", out.path().string(), "--output_type frames"),
-                        &log),
-            0)
+  ASSERT_EQ(
+      run_command(command("embedded_guidance", out.path().string(), "--output_type frames"), &log),
+      0)
       << log;
   const std::string name = "HunyuanVideo_u1r1_tc_False_32x48_0";
   const fs::path video = out / (name + ".mp4");

@@ -164,9 +164,10 @@ void HunyuanVideoModel::load_components(const fs::path& dir, const ModelLoadOpti
   vae_scale_temporal_ = vc.temporal_compression_ratio;
   vae_scale_spatial_ = vc.spatial_compression_ratio;
   vae_scale_factor_ = static_cast<int>(vae_scale_spatial_);
-  XF_CHECK(!(options.enable_tiling && options.parallel_vae),
-           "--enable_tiling and --use_parallel_vae together: HunyuanVideo's patch-parallel decode "
-           "splits the picture into bands itself and does not take spatial tiles; give one of them");
+  XF_CHECK(
+      !(options.enable_tiling && options.parallel_vae),
+      "--enable_tiling and --use_parallel_vae together: HunyuanVideo's patch-parallel decode "
+      "splits the picture into bands itself and does not take spatial tiles; give one of them");
   hv_vae_->enable_tiling(options.enable_tiling);
   XF_CHECK(c.in_channels == vc.latent_channels, dir.string(), ": the transformer takes ",
            c.in_channels, " channels, the VAE has ", vc.latent_channels, " latent channels");
