@@ -54,7 +54,6 @@ const std::vector<Planned>& planned_models() {
         "stabilityai/stable-diffusion-3-medium-diffusers"},
        "Stable Diffusion 3 / 3.5 (text-to-image)"},
       {{"HunyuanVideo-1.5", "tencent/HunyuanVideo-1.5"}, "HunyuanVideo-1.5 (text/image-to-video)"},
-      {{"FLUX.2-dev", "black-forest-labs/FLUX.2-dev"}, "FLUX.2 [dev] (text-to-image, editing)"},
   };
   return planned;
 }

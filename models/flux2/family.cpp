@@ -1,5 +1,7 @@
-// The FLUX.2 family: Flux2Transformer2DModel for the component and DiT registries. No model yet
-// (the pipeline, its VAE and the Mistral text encoder come separately).
+// The FLUX.2 family: FLUX.2-dev and the embedded tiny-flux2 (Flux2Pipeline),
+// Flux2Transformer2DModel and AutoencoderKLFlux2, and the tiny layout of `xfuser make-tiny`.
+#include "models/flux2/flux2_pipeline.h"
+#include "models/flux2/flux2_vae.h"
 #include "models/flux2/register.h"
 #include "models/flux2/tiny_flux2.h"
 #include "models/registry.h"
@@ -9,7 +11,11 @@ namespace xfuser::models::flux2 {
 void register_family() {
   Family family;
   family.name = "flux2";
-  family.register_components = [] { register_flux2_components(); };
+  family.models = model_specs();
+  family.register_components = [] {
+    register_flux2_components();
+    register_flux2_vae_components();
+  };
   family.tiny_archs = {
       {"flux2",
        "FLUX.2 text-to-image / editing: a 30-layer Mistral3ForConditionalGeneration text encoder "

@@ -70,7 +70,10 @@ void validate(const CLI::App& cmd, const RunConfig& config, int world_size) {
       auto component = models::load_component(sub.string(), dtype);
       std::cout << name << ": ok (" << component->class_name() << ", "
                 << component->num_parameters() << " parameters)\n";
-    } else if (fs::exists(sub / "vocab.json") || fs::exists(sub / "spiece.model")) {
+    } else if (fs::exists(sub / "vocab.json") || fs::exists(sub / "spiece.model") ||
+               fs::exists(sub / "tokenizer.json")) {
+      // CLIP / GPT-2 BPE, sentencepiece, or a tokenizers-library file alone (Llama's fast
+      // tokenizer, Mistral's Tekken-style processor folder).
       auto tok = models::tokenizers::load_tokenizer(sub);
       std::cout << name << ": ok (" << tok->kind() << " tokenizer, " << tok->size() << " ids)\n";
     } else if (fs::exists(sub / "scheduler_config.json")) {
