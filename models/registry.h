@@ -53,6 +53,7 @@ struct RunLayout {
   int height = 0, width = 0;
   int num_frames = 0;  // video models (defaults applied); 0 for image models
   int max_sequence_length = 0;
+  int input_images = 0;         // --input_images given (editing models count their tokens)
   int batch_size = 1;           // prompts per generate() call
   bool true_cfg = false;        // every prompt has a negative prompt and true_cfg_scale > 1
   double guidance_scale = 0.0;  // the run's --guidance_scale (model default applied)

@@ -465,6 +465,7 @@ models::RunLayout run_layout(const ResolvedArgs& args) {
   l.width = c.width.value_or(0);
   l.max_sequence_length = c.max_sequence_length.value_or(0);
   l.num_frames = c.num_frames.value_or(0);
+  l.input_images = static_cast<int>(c.input_images.size());
   l.batch_size = args.batch_size > 0
                      ? args.batch_size
                      : std::max<int>(1, static_cast<int>(args.request.prompts.size()));

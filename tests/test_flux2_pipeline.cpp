@@ -3,9 +3,11 @@
 // with two input pictures; xfuser-run on the diffusers-made folder (--model_path alone picks
 // FLUX.2-dev) writes the PNG at the first picture's size; every parallel layout on 2 and 4 ranks
 // (Ulysses, ring, USP, tensor, data) ends on the serial latents, with and without pictures;
-// PipeFusion is exact with warm-up through every step and refuses input pictures.
+// PipeFusion (alone and with Ulysses) is exact with warm-up through every step, pictures or not,
+// and its staleness with one warm-up step is measured.
 #include <algorithm>
 #include <fstream>
+#include <map>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -79,12 +81,11 @@ TEST_F(Flux2Run, ModelPathWithPicturesEndsOnDiffusersAtThePicturesSize) {
   // edit1's picture is 64x96: with no --height / --width the output takes its size.
   TempDir out;
   std::string log;
-  ASSERT_EQ(run_command(command("edit1", out.path().string(), "", /*size=*/false), &log), 0)
-      << log;
+  ASSERT_EQ(run_command(command("edit1", out.path().string(), "", /*size=*/false), &log), 0) << log;
   const std::string name = "FLUX.2-dev_u1r1_tc_False_64x96_0";
   ASSERT_TRUE(fs::exists(out / (name + ".png"))) << log;
-  const double rel = xfuser::testing::max_rel_error(final_latents(out.path(), name),
-                                                    diffusers_final("edit1"));
+  const double rel =
+      xfuser::testing::max_rel_error(final_latents(out.path(), name), diffusers_final("edit1"));
   std::printf("xfuser-run edit1 vs diffusers final latents: %.2e\n", rel);
   EXPECT_LE(rel, 1e-4);
   const at::Tensor png = xfuser::runner::read_png(out / (name + ".png")).to(at::kInt);
@@ -107,9 +108,9 @@ TEST_F(Flux2Run, EveryParallelLayoutEndsOnTheSerialLatents) {
       {2, "--tensor_parallel_degree 2", "u1r1_tp2"},
       {4, "--ulysses_degree 2 --ring_degree 2", "u2r2"},
   };
-  // Two prompts (batch 2), and one prompt with two pictures (their tokens sharded with the
-  // generated ones).
-  for (const std::string case_name : {"batch2", "edit2"}) {
+  // Two prompts (batch 2), and one prompt with one and with two pictures (their tokens sharded
+  // with the generated ones).
+  for (const std::string case_name : {"batch2", "edit1", "edit2"}) {
     SCOPED_TRACE(case_name);
     TempDir serial;
     std::string log;
@@ -117,23 +118,25 @@ TEST_F(Flux2Run, EveryParallelLayoutEndsOnTheSerialLatents) {
     const int batch = case_name == "batch2" ? 2 : 1;
     const std::string base = "FLUX.2-dev_u1r1_tc_False_64x96_";
     std::vector<at::Tensor> want;
-    for (int i = 0; i < batch; ++i) want.push_back(final_latents(serial.path(), base + std::to_string(i)));
+    for (int i = 0; i < batch; ++i)
+      want.push_back(final_latents(serial.path(), base + std::to_string(i)));
     EXPECT_LE(xfuser::testing::max_rel_error(at::cat(want, 0), diffusers_final(case_name)), 1e-4);
     auto all = layouts;
     if (batch == 2) all.push_back({2, "--data_parallel_degree 2", "u1r1_dp2"});
     for (const auto& l : all) {
       SCOPED_TRACE(l.flags);
       TempDir out;
-      ASSERT_EQ(run_command(mpirun_prefix(l.np) + command(case_name, out.path().string(), l.flags),
-                            &log),
-                0)
+      ASSERT_EQ(
+          run_command(mpirun_prefix(l.np) + command(case_name, out.path().string(), l.flags), &log),
+          0)
           << log;
       double rel = 0;
       for (int i = 0; i < batch; ++i) {
-        rel = std::max(rel, xfuser::testing::max_rel_error(
-                                final_latents(out.path(), "FLUX.2-dev_" + l.tag +
-                                                              "_tc_False_64x96_" + std::to_string(i)),
-                                want[static_cast<size_t>(i)]));
+        rel =
+            std::max(rel, xfuser::testing::max_rel_error(
+                              final_latents(out.path(), "FLUX.2-dev_" + l.tag + "_tc_False_64x96_" +
+                                                            std::to_string(i)),
+                              want[static_cast<size_t>(i)]));
       }
       std::printf("[flux2 run] %-6s %-40s vs serial %.2e\n", case_name.c_str(), l.flags.c_str(),
                   rel);
@@ -142,30 +145,57 @@ TEST_F(Flux2Run, EveryParallelLayoutEndsOnTheSerialLatents) {
   }
 }
 
-TEST_F(Flux2Run, PipeFusionIsExactWithFullWarmupAndRefusesPictures) {
-  TempDir serial;
+TEST_F(Flux2Run, PipeFusionIsExactWithFullWarmupWithAndWithoutPictures) {
+  // The pictures' tokens travel with every patch (never split, never cached); with warm-up
+  // through every step the result is the serial one.
+  struct Layout {
+    std::string case_name;
+    int np;
+    std::string flags, tag;
+  };
+  const std::string full = " --pipefusion_warmup_steps 3";
+  const std::vector<Layout> layouts = {
+      {"t2i", 2, "--pipefusion_parallel_degree 2" + full, "u1r1_pp2"},
+      {"edit1", 2, "--pipefusion_parallel_degree 2" + full, "u1r1_pp2"},
+      {"edit2", 2, "--pipefusion_parallel_degree 2" + full, "u1r1_pp2"},
+      {"edit2", 4, "--pipefusion_parallel_degree 2 --ulysses_degree 2" + full, "u2r1_pp2"},
+  };
+  std::map<std::string, at::Tensor> serial;
+  for (const auto& l : layouts) {
+    SCOPED_TRACE(l.case_name + " " + l.flags);
+    std::string log;
+    if (!serial.count(l.case_name)) {
+      TempDir dir;
+      ASSERT_EQ(run_command(command(l.case_name, dir.path().string()), &log), 0) << log;
+      serial[l.case_name] = final_latents(dir.path(), "FLUX.2-dev_u1r1_tc_False_64x96_0");
+    }
+    TempDir pp;
+    ASSERT_EQ(
+        run_command(mpirun_prefix(l.np) + command(l.case_name, pp.path().string(), l.flags), &log),
+        0)
+        << log;
+    const double rel = xfuser::testing::max_rel_error(
+        final_latents(pp.path(), "FLUX.2-dev_" + l.tag + "_tc_False_64x96_0"), serial[l.case_name]);
+    std::printf("[flux2 run] %-6s %-56s vs serial %.2e\n", l.case_name.c_str(), l.flags.c_str(),
+                rel);
+    EXPECT_LE(rel, 1e-5);
+  }
+  // One warm-up step: the later steps attend stale K/V of the other patch (the pictures' K/V
+  // stay fresh): measured, not hidden.
+  TempDir stale;
   std::string log;
-  ASSERT_EQ(run_command(command("t2i", serial.path().string()), &log), 0) << log;
-  const at::Tensor want = final_latents(serial.path(), "FLUX.2-dev_u1r1_tc_False_64x96_0");
-  TempDir pp;
-  ASSERT_EQ(run_command(mpirun_prefix(2) +
-                            command("t2i", pp.path().string(),
-                                    "--pipefusion_parallel_degree 2 --pipefusion_warmup_steps 3"),
+  ASSERT_EQ(run_command(mpirun_prefix(2) + command("edit2", stale.path().string(),
+                                                   "--pipefusion_parallel_degree 2 "
+                                                   "--pipefusion_warmup_steps 1"),
                         &log),
             0)
       << log;
-  const double rel = xfuser::testing::max_rel_error(
-      final_latents(pp.path(), "FLUX.2-dev_u1r1_pp2_tc_False_64x96_0"), want);
-  std::printf("[flux2 run] PipeFusion 2, warm-up 3 of 3: vs serial %.2e\n", rel);
-  EXPECT_LE(rel, 1e-5);
-  TempDir bad;
-  EXPECT_NE(run_command(mpirun_prefix(2) + command("edit1", bad.path().string(),
-                                                   "--pipefusion_parallel_degree 2"),
-                        &log),
-            0);
-  EXPECT_NE(log.find("--pipefusion_parallel_degree is not supported with --input_images"),
-            std::string::npos)
-      << log;
+  const at::Tensor got = final_latents(stale.path(), "FLUX.2-dev_u1r1_pp2_tc_False_64x96_0");
+  const double rel = xfuser::testing::max_rel_error(got, serial["edit2"]);
+  std::printf("[flux2 run] edit2  PipeFusion 2, warm-up 1 of 3: vs serial %.2e (staleness)\n", rel);
+  EXPECT_TRUE(at::isfinite(got).all().item<bool>());
+  EXPECT_GT(rel, 1e-6);  // the patches really ran on stale K/V
+  EXPECT_LT(rel, 0.5);
 }
 
 TEST_F(Flux2Run, ParallelVaeDecodesTheSerialPicture) {
@@ -210,9 +240,9 @@ TEST_F(Flux2Run, BadInputsAreNamed) {
   // A picture below FLUX.2's 64-pixel minimum side.
   const fs::path small = out / "small.png";
   xfuser::runner::write_png(small, at::zeros({48, 96, 3}, at::kByte));
-  EXPECT_NE(run_command(command("t2i", out.path().string(), "--input_images " + small.string()),
-                        &log),
-            0);
+  EXPECT_NE(
+      run_command(command("t2i", out.path().string(), "--input_images " + small.string()), &log),
+      0);
   EXPECT_NE(log.find("too small for FLUX.2"), std::string::npos) << log;
   // No true CFG.
   EXPECT_NE(run_command(command("t2i", out.path().string(), "--negative_prompt blurry"), &log), 0);

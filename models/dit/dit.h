@@ -37,6 +37,11 @@ struct DiTInputs {
   at::Tensor timestep;   // [B]: as the family's forward takes it (FLUX: sigma; SD3: t)
   at::Tensor guidance;   // [B]: embedded (distilled) guidance, or undefined
   TensorMap extra;       // family-specific conditioning (image embeddings, ...)
+  // The last `reference_tokens` rows of tokens / token_ids are image-stream tokens that condition
+  // the generated ones and are not denoised (FLUX.1-Kontext's and FLUX.2's input pictures): they
+  // follow the generated tokens, the pipeline drops their outputs, and PipeFusion sends them
+  // with every patch instead of splitting them into patches.
+  int64_t reference_tokens = 0;
 };
 
 // The activations between the stages of a forward.

@@ -166,9 +166,10 @@ double image_psnr(const at::Tensor& a, const at::Tensor& b) {
 
 // One patch of one step as this rank sees it.
 struct PipeFusion::Patch {
-  int64_t begin = 0;  // first image token of the patch
-  int64_t tokens = 0;
-  std::unique_ptr<parallel::SequenceShard> shard;  // the patch over the sp group
+  int64_t begin = 0;   // first image token of the patch
+  int64_t tokens = 0;  // generated tokens of the patch
+  int64_t refs = 0;    // reference tokens that follow them (the same in every patch)
+  std::unique_ptr<parallel::SequenceShard> shard;  // [patch, references] over the sp group
   parallel::TextMode text_mode = parallel::TextMode::kSplit;
   int64_t local_text = 0;  // text rows in this rank's sequence
 };
@@ -225,11 +226,12 @@ at::Tensor PipeFusion::attend(const Patch& patch, const at::Tensor& q, const at:
            " text rows (or none) and no mask (layer ", call.layer, ", ", t, " text rows)");
   const bool text_first = call.text_first;
   const int sp = groups_.config().sp();
-  at::Tensor text_kv, image_kv;  // [2, B, L, H, hd], [2, B, n, H, hd]
+  const int64_t image_rows = patch.tokens + patch.refs;
+  at::Tensor text_kv, image_kv;  // [2, B, L, H, hd], [2, B, n + R, H, hd]
   if (sp == 1) {
-    auto kv = at::stack({k, v});  // [2, B, T + n, H, hd]
-    text_kv = kv.narrow(2, text_first ? 0 : patch.tokens, t);
-    image_kv = kv.narrow(2, text_first ? t : 0, patch.tokens);
+    auto kv = at::stack({k, v});  // [2, B, T + n + R, H, hd]
+    text_kv = kv.narrow(2, text_first ? 0 : image_rows, t);
+    image_kv = kv.narrow(2, text_first ? t : 0, image_rows);
   } else {
     // Every sp rank's fresh K/V of the patch: [sp, 2, B, T + c, H, hd].
     auto all = groups_.sp().all_gather(at::stack({k, v}).unsqueeze(0).contiguous(), 0);
@@ -249,14 +251,17 @@ at::Tensor PipeFusion::attend(const Patch& patch, const at::Tensor& q, const at:
   if (!buffer.defined() || buffer.size(1) != b || buffer.scalar_type() != k.scalar_type()) {
     buffer = at::zeros({2, b, rows_ * cols_, heads, hd}, k.options());
   }
-  buffer.narrow(2, patch.begin, patch.tokens).copy_(image_kv);  // fresh rows of this patch
+  // Fresh rows of this patch; the reference tokens' K/V (fresh, never cached) follow the buffer.
+  buffer.narrow(2, patch.begin, patch.tokens).copy_(image_kv.narrow(2, 0, patch.tokens));
+  const at::Tensor image =
+      patch.refs > 0 ? at::cat({buffer, image_kv.narrow(2, patch.tokens, patch.refs)}, 2) : buffer;
   if (!text_kv.defined() || text_kv.size(2) == 0) {
-    return local_attention(q, buffer[0], buffer[1], call);
+    return local_attention(q, image[0], image[1], call);
   }
   auto join = [text_first](const at::Tensor& text, const at::Tensor& image) {
     return text_first ? at::cat({text, image}, 1) : at::cat({image, text}, 1);
   };
-  return local_attention(q, join(text_kv[0], buffer[0]), join(text_kv[1], buffer[1]), call);
+  return local_attention(q, join(text_kv[0], image[0]), join(text_kv[1], image[1]), call);
 }
 
 void PipeFusion::step(int index, const DiTInputs& in, int branches, const CombineFn& combine,
@@ -279,6 +284,23 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
                                                       : parallel::choose_text_mode(text_len, sp);
   const int64_t local_text = parallel::local_text_tokens(text_mode, text_len, sp);
   const int64_t sent_text = cross ? 0 : local_text;  // text rows travelling between stages
+  // Reference tokens (input pictures): the last refs rows of in.tokens / in.token_ids.
+  const int64_t refs = in.reference_tokens, image_tokens = rows_ * cols_;
+  at::Tensor ref_tokens, ref_ids;
+  if (refs > 0) {
+    XF_CHECK(!cross, "PipeFusion: reference tokens need a joint-attention family, ",
+             model_.class_name(), " uses cross-attention");
+    XF_CHECK(in.tokens.defined() && in.tokens.dim() == 3 &&
+                 in.tokens.size(1) == image_tokens + refs && in.tokens.size(0) == model_batch,
+             "PipeFusion: ", refs, " reference tokens need tokens [", model_batch, ", ",
+             image_tokens + refs, ", C] (generated, then reference), got ",
+             in.tokens.defined() ? shape_string(in.tokens.sizes()) : std::string("none"));
+    XF_CHECK(in.token_ids.size(0) == image_tokens + refs, "PipeFusion: token_ids has ",
+             in.token_ids.size(0), " rows, expected ", image_tokens, " generated + ", refs,
+             " reference");
+    ref_tokens = in.tokens.narrow(1, image_tokens, refs);
+    ref_ids = in.token_ids.narrow(0, image_tokens, refs);
+  }
 
   // Warm-up steps run the whole image as one patch.
   const auto ranges = pipefusion_patch_rows(rows_, index < warmup_steps_ ? 1 : patches_);
@@ -287,7 +309,8 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
     auto& pt = patches[p];
     pt.begin = ranges[p].first * cols_;
     pt.tokens = (ranges[p].second - ranges[p].first) * cols_;
-    pt.shard = std::make_unique<parallel::SequenceShard>(pt.tokens, sp);
+    pt.refs = refs;
+    pt.shard = std::make_unique<parallel::SequenceShard>(pt.tokens + refs, sp);
     pt.text_mode = text_mode;
     pt.local_text = local_text;
   }
@@ -332,7 +355,9 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
     XF_CONTEXT("patch ", p, "/", patches.size());
     const Patch& pt = patches[p];
     DiTInputs local = text_in;
-    local.token_ids = pt.shard->shard(in.token_ids.narrow(0, pt.begin, pt.tokens), 0, sp_rank);
+    at::Tensor ids = in.token_ids.narrow(0, pt.begin, pt.tokens);
+    if (refs > 0) ids = at::cat({ids, ref_ids}, 0);
+    local.token_ids = pt.shard->shard(ids, 0, sp_rank);
     if (first) {
       // The latents of this patch from the previous step (already here at step 0).
       while (!latents_in_.empty() && latents_in_.front().begin < pt.begin + pt.tokens) {
@@ -342,6 +367,7 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
         latents_in_.pop_front();
       }
       auto x = latents.narrow(1, pt.begin, pt.tokens).repeat({branches, 1, 1});  // [B', n, C]
+      if (refs > 0) x = at::cat({x, ref_tokens.to(x.scalar_type())}, 1);         // [B', n + R, C]
       local.tokens = pt.shard->shard(x, 1, sp_rank);
     }
     DiTActivations st = model_.embed(local);
@@ -389,7 +415,8 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
       continue;
     }
     at::Tensor out = model_.finalize(st).contiguous();         // [B', c, C]
-    if (sp > 1) out = pt.shard->gather(out, 1, groups_.sp());  // [B', n, C]
+    if (sp > 1) out = pt.shard->gather(out, 1, groups_.sp());  // [B', n + R, C]
+    if (refs > 0) out = out.narrow(1, 0, pt.tokens);           // the references' are dropped
     auto rows = latents.narrow(1, pt.begin, pt.tokens);
     // The step gets a copy: rows is overwritten below, and a multistep scheduler keeps its
     // sample (UniPC's last_sample) for the next step's corrector.

@@ -23,6 +23,11 @@
 // Inside a stage the patch's tokens are further split over the sp group (ulysses x ring ranks,
 // parallel/sequence_shard.h); an attention layer all-gathers the fresh K/V of the patch over the
 // sp group, so every sp rank holds the whole buffer (all heads) and attends its own queries.
+// Reference tokens (DiTInputs::reference_tokens: input pictures in the image stream, after the
+// generated tokens) are not patched: they travel with every patch, like the text, their K/V are
+// fresh for each patch and never cached, and their outputs are dropped. Patch p's image stream
+// is [its generated rows, all reference tokens], so the keys are [text, buffer, references]:
+// the serial order.
 // With warmup_steps >= num_inference_steps (or one patch) the result equals the serial one.
 #pragma once
 
@@ -110,7 +115,9 @@ class PipeFusion {
 
   // Denoising step `index` on this rank's stage. `in`: the model inputs of the whole image with
   // the model batch B' = branches * B (`tokens` unused: the patches come from `latents`,
-  // repeated `branches` times along the batch). `latents` [B, N, C]: read by stage 0, updated
+  // repeated `branches` times along the batch; with in.reference_tokens = R > 0, in.tokens
+  // [B', N + R, C] holds the reference tokens in its last R rows and in.token_ids [N + R, A]
+  // their ids). `latents` [B, N, C]: read by stage 0, updated
   // by the last stage; after the last step every rank holds the final latents.
   void step(int index, const DiTInputs& in, int branches, const CombineFn& combine,
             const StepFn& step_fn, at::Tensor& latents);

@@ -102,7 +102,12 @@ void DiTPipeline::denoise(DiTState& s, int index, DiTInputs positive, const DiTI
     DiTInputs in = positive;
     if (negative && groups->config().cfg() == 2) {
       // CFG parallel: cfg rank 0 the negative branch; the last stages combine per patch.
-      if (groups->coords().cfg == 0) in = *negative;
+      if (groups->coords().cfg == 0) {
+        in = *negative;
+        // The branches share the tokens (and so the reference tokens, when there are).
+        if (!in.tokens.defined()) in.tokens = positive.tokens;
+        in.reference_tokens = positive.reference_tokens;
+      }
       combine = [&groups, b, scale](const at::Tensor& out) {
         at::Tensor both = groups->cfg().all_gather(out.contiguous(), 0);  // [neg; pos]
         at::Tensor neg = both.narrow(0, 0, b);

@@ -28,10 +28,6 @@ MemoryEstimate check_flux_run(const fs::path& dir, const RunLayout& run) {
   t.components = {"text_encoder", "text_encoder_2", "vae"};
   t.blocks_what = "double + single";
   if (read_model_index(dir).value("_class_name", "") == "FluxKontextPipeline") {
-    XF_CHECK(
-        run.pipefusion == 1,
-        "--pipefusion_parallel_degree is not supported for FLUX.1-Kontext yet (", dir.string(),
-        "): PipeFusion's patches carry the generated tokens only, not the reference picture's");
     // The reference picture's tokens join the sequence: ~1 MP at 16 pixels a token.
     t.text_tokens += (1024 / 16) * (1024 / 16);
   }

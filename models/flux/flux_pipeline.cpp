@@ -160,8 +160,6 @@ std::unique_ptr<XFuserModel::State> FluxModel::begin(const GenerationRequest& re
     XF_CHECK(image.dim() == 3 && image.size(2) == 3 && image.scalar_type() == at::kByte,
              "--input_images: the picture must be uint8 [H, W, 3] RGB, got ", image.sizes(), " ",
              image.scalar_type());
-    XF_CHECK(!process_groups() || process_groups()->config().pp() == 1, spec().id,
-             ": --pipefusion_parallel_degree is not supported with a reference picture yet");
   } else {
     XF_CHECK(request.input_images.empty(), spec().id,
              " is text-to-image: it takes no --input_images");
@@ -272,7 +270,10 @@ void FluxModel::denoise_step(State& base, int index) {
   if (kontext_) in.img_ids = at::cat({s.image_ids, s.reference_ids}, 0);
   dit::DiTInputs positive = FluxTransformer2DModel::to_dit(in);
   // Kontext: cat([latents, image_latents], dim=1) as the transformer's tokens.
-  if (kontext_) positive.tokens = at::cat({s.tokens, s.reference_tokens}, 1);
+  if (kontext_) {
+    positive.tokens = at::cat({s.tokens, s.reference_tokens}, 1);
+    positive.reference_tokens = s.reference_tokens.size(1);
+  }
   dit::DiTInputs negative = positive;
   if (s.do_true_cfg) {
     negative.text = s.negative_prompt_embeds;
@@ -342,7 +343,6 @@ std::vector<ModelSpec> model_specs() {
   // --width are given), 50 steps, guidance 2.5, max_sequence_length 256.
   kontext.defaults = {1024, 1024, 50, 2.5, 256, 0};
   kontext.options.insert("--input_images");
-  kontext.parallelism.pipefusion = false;
   kontext.maturity = "experimental";
   kontext.description =
       "FLUX.1 Kontext [dev]: image editing; the picture's VAE tokens (ids on their own first "

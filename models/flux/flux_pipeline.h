@@ -12,8 +12,8 @@
 // (ids likewise) and dropped from the transformer's output. The output is --height x --width
 // (FluxKontextPipeline called with max_area = height * width; the runner's default follows the
 // picture's aspect ratio at 1 MP). The dynamic shift counts the generated tokens only.
-// Sequence parallel shards the reference tokens with the generated ones; PipeFusion is refused
-// (its patches carry the generated tokens only).
+// Sequence parallel shards the reference tokens with the generated ones; PipeFusion sends them
+// with every patch of the generated tokens (DiTInputs::reference_tokens).
 #pragma once
 
 #include <filesystem>

@@ -60,7 +60,8 @@ double compute_empirical_mu(int64_t image_seq_len, int64_t num_steps) {
 std::pair<int64_t, int64_t> reference_size(int64_t height, int64_t width, int64_t multiple) {
   if (width * height > kMaxArea) {
     // _resize_to_target_area: scale = sqrt(target / (w h)); int(w * scale), int(h * scale).
-    const double scale = std::sqrt(static_cast<double>(kMaxArea) / static_cast<double>(width * height));
+    const double scale =
+        std::sqrt(static_cast<double>(kMaxArea) / static_cast<double>(width * height));
     width = static_cast<int64_t>(static_cast<double>(width) * scale);
     height = static_cast<int64_t>(static_cast<double>(height) * scale);
   }
@@ -131,8 +132,8 @@ void Flux2Model::load_components(const fs::path& dir, const ModelLoadOptions& op
 
   auto te = load_component((dir / "text_encoder").string(), dtype_);
   text_encoder_ = std::dynamic_pointer_cast<text_encoders::LlamaEncoder>(te);
-  XF_CHECK(text_encoder_ != nullptr, (dir / "text_encoder").string(), " holds a ",
-           te->class_name(), "; FLUX.2 needs a Mistral3ForConditionalGeneration (or Mistral) "
+  XF_CHECK(text_encoder_ != nullptr, (dir / "text_encoder").string(), " holds a ", te->class_name(),
+           "; FLUX.2 needs a Mistral3ForConditionalGeneration (or Mistral) "
            "language model");
   const int64_t te_layers = text_encoder_->config().num_hidden_layers;
   XF_CHECK(te_layers >= kTextEncoderOutLayers.back(), (dir / "text_encoder").string(), ": ",
@@ -152,7 +153,8 @@ void Flux2Model::load_components(const fs::path& dir, const ModelLoadOptions& op
   vae_scale_factor_2_ = static_cast<int64_t>(vae_scale_factor_) * 2;
   const int64_t latent_channels = flux2_vae_->config().latent_channels;
   XF_CHECK(flux2_vae_->flux2_config().patch_size == std::vector<int64_t>({2, 2}),
-           (dir / "vae").string(), ": Flux2Pipeline packs 2x2 latent patches, the VAE's "
+           (dir / "vae").string(),
+           ": Flux2Pipeline packs 2x2 latent patches, the VAE's "
            "patch_size differs");
   XF_CHECK(c.in_channels == 4 * latent_channels, dir.string(), ": the transformer takes ",
            c.in_channels, " channels, the VAE's 2x2 patches of ", latent_channels,
@@ -178,8 +180,8 @@ std::unique_ptr<XFuserModel::State> Flux2Model::begin(const GenerationRequest& r
   for (size_t i = 0; i < request.input_images.size(); ++i) {
     const at::Tensor& image = request.input_images[i];
     XF_CHECK(image.dim() == 3 && image.size(2) == 3 && image.scalar_type() == at::kByte,
-             "--input_images ", i, ": the picture must be uint8 [H, W, 3] RGB, got ",
-             image.sizes(), " ", image.scalar_type());
+             "--input_images ", i, ": the picture must be uint8 [H, W, 3] RGB, got ", image.sizes(),
+             " ", image.scalar_type());
     const int64_t h = image.size(0), w = image.size(1);
     XF_CHECK(h >= kMinSide && w >= kMinSide, "--input_images ", i, ": ", w, "x", h,
              " is too small for FLUX.2: both sides must be at least ", kMinSide, " pixels");
@@ -187,9 +189,6 @@ std::unique_ptr<XFuserModel::State> Flux2Model::begin(const GenerationRequest& r
     XF_CHECK(aspect <= kMaxAspect, "--input_images ", i, ": ", w, "x", h, " has aspect ratio ",
              aspect, ":1; FLUX.2 takes at most ", kMaxAspect, ":1");
   }
-  const auto& groups = process_groups();
-  XF_CHECK(request.input_images.empty() || !groups || groups->config().pp() == 1, spec().id,
-           ": --pipefusion_parallel_degree is not supported with --input_images");
   check_layout(request, /*cfg=*/false, request.height / multiple);
   auto state = std::make_unique<Flux2State>();
   state->request = request;
@@ -302,12 +301,13 @@ void Flux2Model::denoise_step(State& base, int index) {
       at::full({b}, t, s.tokens.options().dtype(at::kFloat)).to(s.tokens.scalar_type()) / 1000;
   in.guidance = s.guidance;
   in.txt_ids = s.text_ids;
-  in.img_ids = s.reference_tokens.defined() ? at::cat({s.image_ids, s.reference_ids}, 0)
-                                            : s.image_ids;
+  in.img_ids =
+      s.reference_tokens.defined() ? at::cat({s.image_ids, s.reference_ids}, 0) : s.image_ids;
   dit::DiTInputs positive = Flux2Transformer2DModel::to_dit(in);
   // cat([latents, image_latents], dim=1).to(transformer dtype); without pictures state.tokens.
   if (s.reference_tokens.defined()) {
     positive.tokens = at::cat({s.tokens, s.reference_tokens.to(s.tokens.scalar_type())}, 1);
+    positive.reference_tokens = s.reference_tokens.size(1);
   }
   const auto latents_dtype = s.tokens.scalar_type();
   auto step = [&s, index, latents_dtype](const at::Tensor& noise, const at::Tensor& latents,
@@ -345,7 +345,10 @@ MemoryEstimate check_flux2_run(const fs::path& dir, const RunLayout& run) {
   dit::DiTRunTraits t;
   t.family = "FLUX.2";
   t.pixels_per_token = vae_scale * 2 * config.patch_size;
-  t.text_tokens = run.max_sequence_length;
+  // Each input picture joins the sequence: at most 1 MP at 16 pixels a token.
+  t.text_tokens = run.max_sequence_length + static_cast<int64_t>(run.input_images) *
+                                                (1024 / t.pixels_per_token) *
+                                                (1024 / t.pixels_per_token);
   t.cfg = false;
   t.cfg_parallel_needs =
       "true CFG, which FLUX.2 does not run (its --guidance_scale is embedded guidance)";

@@ -23,7 +23,7 @@
 //     0.5).clamp(0, 1) x 255 rounded -> uint8 [B, H, W, 3].
 // Prompt upsampling (caption_upsample_temperature, generation with the language model) is not
 // implemented. The transformer runs through the generic drivers: Ulysses, ring, USP, tensor and
-// data parallel; PipeFusion without input pictures.
+// data parallel and PipeFusion (the pictures' tokens travel with every patch, unpatched).
 #pragma once
 
 #include <cstdint>
@@ -68,7 +68,8 @@ class Flux2Model : public dit::DiTPipeline {
   static at::Tensor pack_latents(const at::Tensor& latents);
   static at::Tensor unpack_latents(const at::Tensor& tokens, int64_t rows, int64_t cols);
   // (t, row, col, 0) for a rows x cols grid, float32 [rows * cols, 4].
-  static at::Tensor grid_ids(int64_t rows, int64_t cols, double t, const at::TensorOptions& options);
+  static at::Tensor grid_ids(int64_t rows, int64_t cols, double t,
+                             const at::TensorOptions& options);
 
  protected:
   void load_components(const std::filesystem::path& dir, const ModelLoadOptions& options) override;
@@ -83,7 +84,8 @@ class Flux2Model : public dit::DiTPipeline {
   struct Flux2State;
   // A picture uint8 [H, W, 3] -> its normalised, packed latents [1, M, 4C] (vae dtype) and
   // rows x cols.
-  std::pair<at::Tensor, std::pair<int64_t, int64_t>> encode_picture(const at::Tensor& picture) const;
+  std::pair<at::Tensor, std::pair<int64_t, int64_t>> encode_picture(
+      const at::Tensor& picture) const;
 
   c10::ScalarType dtype_ = c10::kFloat;
   Flux2Transformer2DModel* flux2_transformer_ = nullptr;  // transformer_, typed
