@@ -198,24 +198,35 @@ TEST_F(Flux2Run, PipeFusionIsExactWithFullWarmupWithAndWithoutPictures) {
   EXPECT_LT(rel, 0.5);
 }
 
-TEST_F(Flux2Run, ParallelVaeDecodesTheSerialPicture) {
-  // --use_parallel_vae: bands of latent rows over the two ranks of the Ulysses group.
-  TempDir serial, par;
-  std::string log;
-  ASSERT_EQ(run_command(command("t2i", serial.path().string()), &log), 0) << log;
-  ASSERT_EQ(run_command(mpirun_prefix(2) + command("t2i", par.path().string(),
-                                                   "--ulysses_degree 2 --use_parallel_vae"),
-                        &log),
-            0)
-      << log;
-  const at::Tensor want =
-      xfuser::runner::read_png(serial / "FLUX.2-dev_u1r1_tc_False_64x96_0.png").to(at::kInt);
-  const at::Tensor got =
-      xfuser::runner::read_png(par / "FLUX.2-dev_u2r1_tc_False_64x96_0.png").to(at::kInt);
-  ASSERT_EQ(got.sizes(), want.sizes());
-  const int diff = (got - want).abs().max().item<int>();
-  std::printf("[flux2 run] --use_parallel_vae on 2 ranks vs serial PNG: max %d levels\n", diff);
-  EXPECT_LE(diff, 1);
+TEST_F(Flux2Run, ParallelVaeEncodesAndDecodesAsOneRank) {
+  // --use_parallel_vae: the pictures encoded and the result decoded in bands of rows over the two
+  // ranks of the Ulysses group.
+  for (const std::string case_name : {"t2i", "edit2"}) {
+    SCOPED_TRACE(case_name);
+    TempDir serial, par;
+    std::string log;
+    ASSERT_EQ(run_command(command(case_name, serial.path().string()), &log), 0) << log;
+    ASSERT_EQ(run_command(mpirun_prefix(2) + command(case_name, par.path().string(),
+                                                     "--ulysses_degree 2 --use_parallel_vae"),
+                          &log),
+              0)
+        << log;
+    const double rel = xfuser::testing::max_rel_error(
+        final_latents(par.path(), "FLUX.2-dev_u2r1_tc_False_64x96_0"),
+        final_latents(serial.path(), "FLUX.2-dev_u1r1_tc_False_64x96_0"));
+    const at::Tensor want =
+        xfuser::runner::read_png(serial / "FLUX.2-dev_u1r1_tc_False_64x96_0.png").to(at::kInt);
+    const at::Tensor got =
+        xfuser::runner::read_png(par / "FLUX.2-dev_u2r1_tc_False_64x96_0.png").to(at::kInt);
+    ASSERT_EQ(got.sizes(), want.sizes());
+    const int diff = (got - want).abs().max().item<int>();
+    std::printf(
+        "[flux2 run] %-6s --use_parallel_vae on 2 ranks vs serial: latents %.2e, PNG max "
+        "%d levels\n",
+        case_name.c_str(), rel, diff);
+    EXPECT_LE(rel, 1e-5);
+    EXPECT_LE(diff, 1);
+  }
 }
 
 TEST_F(Flux2Run, ValidateChecksTheFolderWithoutRunning) {

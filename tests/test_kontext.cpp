@@ -46,6 +46,8 @@ TEST(Kontext, XfuserRunFromAPictureEqualsDiffusersUnderUlyssesAndCfg) {
            {1, "", "FLUX.1-Kontext-dev_u1r1_tc_False_48x80_"},
            {2, "--ulysses_degree 2", "FLUX.1-Kontext-dev_u2r1_tc_False_48x80_"},
            {2, "--use_cfg_parallel", "FLUX.1-Kontext-dev_u1r1_cfg2_tc_False_48x80_"},
+           // The picture encoded (and the result decoded) in bands over the two ranks.
+           {2, "--ulysses_degree 2 --use_parallel_vae", "FLUX.1-Kontext-dev_u2r1_tc_False_48x80_"},
            // PipeFusion: the picture's tokens travel with every patch; warm-up through every
            // step is exact.
            {2, "--pipefusion_parallel_degree 2 --pipefusion_warmup_steps 3",

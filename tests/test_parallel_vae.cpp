@@ -1,9 +1,11 @@
-// Patch-parallel VAE decode under mpiexec (NP 2 and 4), fp32: the decoder split into horizontal
-// bands over the ranks (halo rows, all-reduced group-norm statistics, gathered attention keys)
-// equals the one-rank decode, for odd and uneven row counts, batches with slicing, more ranks
-// than rows, and over the replica group of a data-parallel layout.
+// Patch-parallel VAE decode and encode under mpiexec (NP 2 and 4), fp32: the decoder (encoder)
+// split into horizontal bands over the ranks (halo rows, the downsamplers' row from the band
+// below, all-reduced group-norm statistics, gathered attention keys) equals the one-rank decode
+// (encode), for odd and uneven row counts, batches with slicing, more ranks than rows, and over
+// the replica group of a data-parallel layout.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include <ATen/ATen.h>
@@ -25,6 +27,7 @@ using xfuser::models::vae::AutoencoderKL;
 using xfuser::models::vae::AutoencoderKLConfig;
 using xfuser::models::vae::band_rows;
 using xfuser::models::vae::patch_parallel_decode;
+using xfuser::models::vae::patch_parallel_encode;
 using xfuser::parallel::MpiCommunicator;
 using xfuser::parallel::ProcessGroups;
 using xfuser::parallel::WorldConfig;
@@ -93,6 +96,33 @@ TEST_F(ParallelVae, BandDecodeEqualsSerialDecode) {
   vae->enable_slicing(false);
 }
 
+TEST_F(ParallelVae, BandEncodeEqualsSerialEncode) {
+  auto vae = random_vae();  // scale 4: bands of 4-pixel-row multiples
+  struct Case {
+    int64_t batch, height, width;
+    bool slicing;
+  };
+  // 9 latent rows (5+4, 3+2+2+2), a batch of 5 rows with and without slicing, 3 rows (fewer than
+  // 4 ranks: whole picture everywhere), and 30 pixel rows (not a multiple of 4: whole picture).
+  for (const Case& c : {Case{1, 36, 28, false}, Case{2, 20, 24, true}, Case{2, 20, 24, false},
+                        Case{1, 12, 16, false}, Case{1, 30, 20, false}}) {
+    at::manual_seed(c.height * 100 + c.width);
+    at::Tensor x = at::rand({c.batch, 3, c.height, c.width}) * 2 - 1;
+    vae->enable_slicing(c.slicing);
+    const auto want = vae->encode(x);
+    const auto got = patch_parallel_encode(*vae, x, *world_);
+    ASSERT_EQ(got.mean.sizes(), want.mean.sizes());
+    const double rel =
+        std::max(max_rel_error(got.mean, want.mean), max_rel_error(got.std, want.std));
+    if (world_rank() == 0)
+      std::printf("[vae] %d ranks, encode x [%lld, 3, %lld, %lld]%s: max rel error %.2e\n",
+                  world_->size(), static_cast<long long>(c.batch), static_cast<long long>(c.height),
+                  static_cast<long long>(c.width), c.slicing ? " sliced" : "", rel);
+    EXPECT_LE(rel, 1e-5);
+  }
+  vae->enable_slicing(false);
+}
+
 TEST_F(ParallelVae, OverTheReplicaGroupOfADataParallelLayout) {
   if (world_->size() != 4) GTEST_SKIP() << "needs 4 ranks";
   auto groups =
@@ -106,6 +136,10 @@ TEST_F(ParallelVae, OverTheReplicaGroupOfADataParallelLayout) {
   const double rel =
       max_rel_error(patch_parallel_decode(*vae, z, groups->replica()), vae->decode(z));
   EXPECT_LE(rel, 1e-5);
+  at::Tensor x = at::rand({1, 3, 28, 20}) * 2 - 1;
+  EXPECT_LE(
+      max_rel_error(patch_parallel_encode(*vae, x, groups->replica()).mean, vae->encode(x).mean),
+      1e-5);
 }
 
 }  // namespace

@@ -183,6 +183,13 @@ at::Tensor DiTPipeline::decode_latents(const at::Tensor& latents) const {
   return (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
 }
 
+vae::DiagonalGaussian DiTPipeline::encode_pictures(const at::Tensor& x) const {
+  const auto& groups = process_groups();
+  return load_options().parallel_vae && groups
+             ? vae::patch_parallel_encode(*vae_, x, groups->replica())
+             : vae_->encode(x);
+}
+
 at::Tensor DiTPipeline::ids_tensor(const std::vector<tokenizers::Encoding>& enc) const {
   const int64_t b = static_cast<int64_t>(enc.size());
   const int64_t s = static_cast<int64_t>(enc.front().input_ids.size());

@@ -22,7 +22,8 @@ struct Encoding;
 }
 namespace vae {
 class AutoencoderKL;
-}
+struct DiagonalGaussian;
+}  // namespace vae
 }  // namespace xfuser::models
 
 namespace xfuser::models::dit {
@@ -83,6 +84,9 @@ class DiTPipeline : public XFuserModel {
   // same final latents), then diffusers' VaeImageProcessor.postprocess ((x / 2 + 0.5).clamp(0,
   // 1), x 255, rounded).
   at::Tensor decode_latents(const at::Tensor& latents) const;
+  // vae_->encode(x) of pictures x [B, 3, H, W] in the VAE's dtype; with --use_parallel_vae in
+  // bands of pixel rows over the ranks of this replica (which all hold the same pictures).
+  vae::DiagonalGaussian encode_pictures(const at::Tensor& x) const;
   // Token ids [B, S] of tokenizer encodings, on the run's device.
   at::Tensor ids_tensor(const std::vector<tokenizers::Encoding>& encodings) const;
 

@@ -236,7 +236,7 @@ void FluxModel::prepare_latents(State& base) {
     at::Tensor x = resized.to(options.device()).to(at::kFloat).div(255.0).mul(2.0).sub(1.0);
     x = x.permute({2, 0, 1}).unsqueeze(0).to(vae_->dtype());  // [1, 3, rh, rw]
     const auto& vc = vae_->config();
-    at::Tensor z = vae_->encode(x).mode();  // sample_mode="argmax"
+    at::Tensor z = encode_pictures(x).mode();  // sample_mode="argmax"
     z = ((z - vc.shift_factor.value_or(0.0)) * vc.scaling_factor).to(dtype_);
     s.reference_tokens = pack_latents(z).repeat({b, 1, 1});
     s.reference_ids = latent_image_ids(z.size(2) / 2, z.size(3) / 2, options);

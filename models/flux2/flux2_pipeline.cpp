@@ -242,7 +242,7 @@ std::pair<at::Tensor, std::pair<int64_t, int64_t>> Flux2Model::encode_picture(
   x = x.permute({2, 0, 1}).unsqueeze(0).contiguous().to(flux2_vae_->dtype());  // [1, 3, h, w]
   // retrieve_latents(sample_mode="argmax"), _patchify_latents, then the bn normalisation.
   const at::Tensor z = flux2_vae_->normalize_latents(
-      flux2_vae_->patchify(flux2_vae_->encode(x).mode()));  // [1, 4C, h/16, w/16]
+      flux2_vae_->patchify(encode_pictures(x).mode()));  // [1, 4C, h/16, w/16]
   return {pack_latents(z), {z.size(2), z.size(3)}};
 }
 

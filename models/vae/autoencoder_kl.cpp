@@ -191,7 +191,11 @@ at::Tensor AutoencoderKL::encode_moments(const at::Tensor& x) const {
   if (use_tiling_ && (x.size(3) > tile_sample_min_size_ || x.size(2) > tile_sample_min_size_)) {
     return tiled_encode_moments(x);
   }
-  at::Tensor h = encoder_->forward(x);  // [B, 2*latent, h, w]
+  return encode_full(x);
+}
+
+at::Tensor AutoencoderKL::encode_full(const at::Tensor& x, const SpatialContext* ctx) const {
+  at::Tensor h = encoder_->forward(x, ctx);  // [B, 2*latent, h, w]
   return quant_conv_ ? quant_conv_->forward(h, 1, 0) : h;
 }
 
@@ -219,6 +223,10 @@ DiagonalGaussian AutoencoderKL::encode(const at::Tensor& x) const {
   } else {
     moments = encode_moments(x);
   }
+  return posterior(moments);
+}
+
+DiagonalGaussian AutoencoderKL::posterior(const at::Tensor& moments) {
   DiagonalGaussian post;
   auto halves = moments.chunk(2, 1);  // [B, latent, h, w] each
   post.mean = halves[0];

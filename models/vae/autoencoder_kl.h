@@ -69,6 +69,11 @@ class AutoencoderKL : public Component {
 
   // Image x [B, in, H, W] -> posterior over [B, latent, H/f, W/f] (f = spatial_scale()).
   DiagonalGaussian encode(const at::Tensor& x) const;
+  // The posterior of moments [B, 2*latent, h, w] (mean; log-variance clamped to [-30, 20]).
+  static DiagonalGaussian posterior(const at::Tensor& moments);
+  // One full encode of x to moments without slicing or tiling; with a context, x is a band of
+  // pixel rows (patch-parallel VAE) and the result the band of latent rows it maps to.
+  at::Tensor encode_full(const at::Tensor& x, const SpatialContext* ctx = nullptr) const;
   // Latent z [B, latent, h, w] -> image [B, out, h*f, w*f].
   at::Tensor decode(const at::Tensor& z) const;
   // One full decode of z without slicing or tiling; with a context, z is a band of latent rows

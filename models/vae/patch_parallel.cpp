@@ -110,4 +110,31 @@ at::Tensor patch_parallel_decode(const AutoencoderKL& vae, const at::Tensor& z,
   return decode_band(z);
 }
 
+DiagonalGaussian patch_parallel_encode(const AutoencoderKL& vae, const at::Tensor& x,
+                                       parallel::Communicator& comm) {
+  XF_CONTEXT("patch-parallel VAE encode on group '", comm.name(), "'");
+  XF_CHECK(x.dim() == 4, "patch-parallel VAE encode expects x [B, C, H, W], got ",
+           xfuser::shape_string(x.sizes()));
+  const int64_t f = vae.spatial_scale();
+  const int64_t h = x.size(2) / f;  // latent rows
+  if (comm.size() == 1 || x.size(2) % f != 0 || h < comm.size()) return vae.encode(x);
+  const auto rows = band_rows(h, comm.size());
+  int64_t start = 0;
+  for (int r = 0; r < comm.rank(); ++r) start += rows[r];
+  CommSpatialContext ctx(comm, rows);
+  auto encode_band = [&](const at::Tensor& xi) {
+    at::Tensor band = vae.encode_full(xi.narrow(2, start * f, rows[comm.rank()] * f), &ctx);
+    return ctx.gather_uneven(band.contiguous(), 2);  // [b, 2 * latent, h, w]
+  };
+  at::Tensor moments;
+  if (vae.slicing() && x.size(0) > 1) {
+    std::vector<at::Tensor> parts;
+    for (const auto& xi : x.split(1)) parts.push_back(encode_band(xi));
+    moments = at::cat(parts);
+  } else {
+    moments = encode_band(x);
+  }
+  return AutoencoderKL::posterior(moments);
+}
+
 }  // namespace xfuser::models::vae

@@ -1,6 +1,6 @@
-// Patch-parallel VAE decode: the decoder split into horizontal bands over the ranks of one
-// communicator (the pipeline uses ProcessGroups::replica(): every rank that holds the same
-// images). Equal to the serial decode up to float rounding:
+// Patch-parallel VAE decode (and encode, below): the decoder split into horizontal bands over the
+// ranks of one communicator (the pipeline uses ProcessGroups::replica(): every rank that holds the
+// same images). Equal to the serial decode up to float rounding:
 //   - rank r decodes latent rows [start_r, start_r + rows_r) (rows split as evenly as possible,
 //     the first h % P ranks one row more: odd row counts work);
 //   - every 3x3 convolution gets its halo rows from the neighbouring bands (isend/irecv, tag
@@ -16,6 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "models/vae/autoencoder_kl.h"
 #include "models/vae/vae_blocks.h"
 
 namespace xfuser::parallel {
@@ -23,8 +24,6 @@ class Communicator;
 }
 
 namespace xfuser::models::vae {
-
-class AutoencoderKL;
 
 // Latent rows of each of `parts` bands of `rows` rows (sizes differ by at most one).
 std::vector<int64_t> band_rows(int64_t rows, int parts);
@@ -48,5 +47,14 @@ class CommSpatialContext : public SpatialContext {
 // rank, decoded in bands (no tiling; slicing as configured on `vae`).
 at::Tensor patch_parallel_decode(const AutoencoderKL& vae, const at::Tensor& z,
                                  parallel::Communicator& comm);
+
+// x [B, in, H, W] (the same on every rank of `comm`) -> the posterior over the whole latent on
+// every rank, encoded in bands of pixel rows (rank r: the pixel rows of latent rows
+// band_rows(H / f, P)[r]; the downsamplers read the first row of the band below; group norms and
+// the mid-block attention as in the decode), the moments all-gathered. No tiling; slicing as
+// configured on `vae`. H not a multiple of the VAE's scale f, or fewer latent rows than ranks:
+// every rank encodes the whole picture (the same result).
+DiagonalGaussian patch_parallel_encode(const AutoencoderKL& vae, const at::Tensor& x,
+                                       parallel::Communicator& comm);
 
 }  // namespace xfuser::models::vae

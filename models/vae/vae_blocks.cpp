@@ -172,9 +172,15 @@ Downsample2D::Downsample2D(int64_t channels) {
   conv_ = child("conv", std::make_shared<Conv2d>(channels, channels, 3));
 }
 
-at::Tensor Downsample2D::forward(const at::Tensor& x) const {
+at::Tensor Downsample2D::forward(const at::Tensor& x, const SpatialContext* ctx) const {
   // [B, C, H + 1, W + 1] -> [B, C, H/2, W/2] (floor((H + 1 - 3) / 2) + 1)
-  return conv_->forward(at::constant_pad_nd(x, {0, 1, 0, 1}, 0.0), 2, 0);
+  if (!ctx) return conv_->forward(at::constant_pad_nd(x, {0, 1, 0, 1}, 0.0), 2, 0);
+  XF_CHECK(x.size(2) % 2 == 0, "patch-parallel VAE encode: a band of ", x.size(2),
+           " rows reaches a downsampler (bands must be a multiple of the VAE's scale)");
+  // The band and the row below it (the image's zero padding at the bottom edge); the row above
+  // is not read by a stride-2 window starting on the band's first (even) row.
+  const at::Tensor rows = ctx->pad_rows(x, 1).narrow(2, 1, x.size(2) + 1);
+  return conv_->forward(at::constant_pad_nd(rows, {0, 1}, 0.0), 2, 0);
 }
 
 Upsample2D::Upsample2D(int64_t channels) {
@@ -252,10 +258,10 @@ DownEncoderBlock2D::DownEncoderBlock2D(int64_t in_channels, int64_t out_channels
   }
 }
 
-at::Tensor DownEncoderBlock2D::forward(const at::Tensor& x) const {
+at::Tensor DownEncoderBlock2D::forward(const at::Tensor& x, const SpatialContext* ctx) const {
   at::Tensor h = x;
-  for (const auto& r : resnets_) h = r->forward(h);
-  return downsampler_ ? downsampler_->forward(h) : h;
+  for (const auto& r : resnets_) h = r->forward(h, ctx);
+  return downsampler_ ? downsampler_->forward(h, ctx) : h;
 }
 
 UpDecoderBlock2D::UpDecoderBlock2D(int64_t in_channels, int64_t out_channels, int num_layers,
@@ -303,12 +309,12 @@ Encoder::Encoder(const CoderConfig& c) : act_(c.act) {
   conv_out_ = child("conv_out", std::make_shared<Conv2d>(boc.back(), 2 * c.out_channels, 3));
 }
 
-at::Tensor Encoder::forward(const at::Tensor& x) const {
-  at::Tensor h = conv_in_->forward(x, 1, 1);
-  for (const auto& b : down_blocks_) h = b->forward(h);
-  h = mid_block_->forward(h);
-  h = apply_activation(conv_norm_out_->forward(h), act_);
-  return conv_out_->forward(h, 1, 1);
+at::Tensor Encoder::forward(const at::Tensor& x, const SpatialContext* ctx) const {
+  at::Tensor h = conv_in_->forward(x, 1, 1, ctx);
+  for (const auto& b : down_blocks_) h = b->forward(h, ctx);
+  h = mid_block_->forward(h, ctx);
+  h = apply_activation(conv_norm_out_->forward(h, ctx), act_);
+  return conv_out_->forward(h, 1, 1, ctx);
 }
 
 Decoder::Decoder(const CoderConfig& c) : act_(c.act) {

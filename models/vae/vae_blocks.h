@@ -94,11 +94,14 @@ class ResnetBlock2D : public Module {
   std::shared_ptr<Conv2d> conv1_, conv2_, conv_shortcut_;  // conv_shortcut_ only if in != out
 };
 
-// Downsample2D(use_conv, padding 0): pad (0, 1, 0, 1) with zeros, 3x3 conv stride 2.
+// Downsample2D(use_conv, padding 0): pad (0, 1, 0, 1) with zeros, 3x3 conv stride 2. With a
+// context x is a band of an even number of rows starting at an even row: its extra bottom row is
+// the first row of the band below (zeros at the image's bottom), and the result is the band of
+// half as many rows it maps to.
 class Downsample2D : public Module {
  public:
   explicit Downsample2D(int64_t channels);
-  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor forward(const at::Tensor& x, const SpatialContext* ctx = nullptr) const;
 
  private:
   std::shared_ptr<Conv2d> conv_;
@@ -144,7 +147,7 @@ class DownEncoderBlock2D : public Module {
  public:
   DownEncoderBlock2D(int64_t in_channels, int64_t out_channels, int num_layers, int64_t groups,
                      double eps, Activation act, bool add_downsample);
-  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor forward(const at::Tensor& x, const SpatialContext* ctx = nullptr) const;
 
  private:
   std::vector<std::shared_ptr<ResnetBlock2D>> resnets_;
@@ -175,10 +178,12 @@ struct CoderConfig {
 };
 
 // vae.py Encoder (double_z): [B, in, H, W] -> [B, 2*out, H/2^(n-1), W/2^(n-1)].
+// With a context, x is a band of pixel rows (a multiple of 2^(n-1) rows, starting at one) and
+// the result the band of latent rows it maps to.
 class Encoder : public Module {
  public:
   explicit Encoder(const CoderConfig& config);
-  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor forward(const at::Tensor& x, const SpatialContext* ctx = nullptr) const;
 
  private:
   std::shared_ptr<Conv2d> conv_in_, conv_out_;
