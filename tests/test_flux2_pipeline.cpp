@@ -245,6 +245,34 @@ TEST_F(Flux2Run, ValidateChecksTheFolderWithoutRunning) {
   EXPECT_NE(log.find("valid"), std::string::npos) << log;
 }
 
+TEST_F(Flux2Run, MakeTinyFolderAndEmbeddedTinyFlux2Run) {
+  // `xfuser make-tiny --arch flux2` writes a Flux2Pipeline folder that --model_path alone runs as
+  // FLUX.2-dev (here editing a picture); the embedded tiny-flux2 runs with its defaults.
+  const std::string tool = (xfuser::testing::binary_dir() / "bin" / "xfuser").string();
+  TempDir dir;
+  std::string log;
+  ASSERT_EQ(run_command(tool + " make-tiny --arch flux2 --out " + (dir / "pipe").string(), &log), 0)
+      << log;
+  ASSERT_EQ(
+      run_command(bin_ + " --model_path " + (dir / "pipe").string() +
+                      " --prompt 'make it blue' --input_images " +
+                      (refs_ / "edit1" / "input_0.png").string() +
+                      " --num_inference_steps 2 --max_sequence_length 32 --output_directory " +
+                      (dir / "out").string(),
+                  &log),
+      0)
+      << log;
+  EXPECT_TRUE(fs::exists(dir / "out" / "FLUX.2-dev_u1r1_tc_False_64x96_0.png")) << log;
+  ASSERT_EQ(run_command(bin_ + " --model tiny-flux2 --prompt 'a red cube' --output_directory " +
+                            (dir / "tiny").string(),
+                        &log),
+            0)
+      << log;
+  const fs::path png = dir / "tiny" / "tiny-flux2_u1r1_tc_False_128x128_0.png";
+  ASSERT_TRUE(fs::exists(png)) << log;
+  EXPECT_EQ(xfuser::runner::read_png(png).sizes(), (std::vector<int64_t>{128, 128, 3}));
+}
+
 TEST_F(Flux2Run, BadInputsAreNamed) {
   TempDir out;
   std::string log;
