@@ -56,6 +56,7 @@
 namespace xfuser::models::hunyuan_video {
 
 class HunyuanVideoTokenRefiner;
+class HunyuanVideoPatchEmbed;
 class HunyuanVideoConditionEmbedding;
 class HunyuanVideoTransformerBlock;
 class HunyuanVideoSingleTransformerBlock;
@@ -130,8 +131,7 @@ class HunyuanVideoTransformer3DModel : public dit::DiTTransformer {
 
  private:
   HunyuanVideoConfig config_;
-  class PatchEmbedding;
-  std::shared_ptr<PatchEmbedding> x_embedder_;
+  std::shared_ptr<HunyuanVideoPatchEmbed> x_embedder_;
   std::shared_ptr<HunyuanVideoTokenRefiner> context_embedder_;
   std::shared_ptr<HunyuanVideoConditionEmbedding> time_text_embed_;
   std::vector<std::shared_ptr<HunyuanVideoTransformerBlock>> blocks_;  // null outside the part
