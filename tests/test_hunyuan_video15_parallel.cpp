@@ -1,0 +1,152 @@
+// HunyuanVideo15Transformer3DModel under the generic DiT drivers (mpiexec, NP 2 and 4): every
+// layout of the world size among tensor parallel 2, Ulysses 2, ring 2 (NP 2) and Ulysses 2 x
+// ring 2, ring 2 x tensor parallel 2, ring 4 (NP 4) equals the one-rank forward on the three
+// diffusers 0.36.0 fixtures (t2v: the image tokens and padded text keys masked; i2v; meanflow
+// with patch 2), with every mask all-valid (no key mask), and with an odd image token count (the
+// sequence chunks padded). The text stream is whole on every rank (text_whole()).
+#include <mpi.h>
+
+#include <cstdio>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+
+#include "backends/error.h"
+#include "models/dit/dit_parallel.h"
+#include "models/hunyuan_video/hunyuan_video_transformer.h"
+#include "models/hunyuan_video15/hunyuan_video15_transformer.h"
+#include "models/weights/safetensors.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/process_groups.h"
+#include "parallel/world_config.h"
+#include "tests/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using xfuser::models::SafetensorsFile;
+using xfuser::models::TensorMap;
+using xfuser::models::hunyuan_video::HunyuanVideoTransformer3DModel;
+using xfuser::parallel::MpiCommunicator;
+using xfuser::parallel::ProcessGroups;
+using xfuser::parallel::WorldConfig;
+using xfuser::testing::max_rel_error;
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+fs::path fixture_case(const std::string& name) {
+  return xfuser::testing::fixtures_dir() / "diffusers-v0.36.0" / name;
+}
+
+TensorMap fixture_inputs(const fs::path& dir) {
+  SafetensorsFile file((dir / "inputs.safetensors").string());
+  TensorMap named;
+  for (const auto& n : file.names()) named[n] = file.get(n).clone();
+  return named;
+}
+
+struct Layout {
+  int ulysses, ring, tp;
+};
+
+class HunyuanVideo15Parallel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    world_ = std::make_shared<MpiCommunicator>("world", std::chrono::seconds(60));
+  }
+  static void TearDownTestSuite() { world_.reset(); }
+  std::shared_ptr<ProcessGroups> groups(const Layout& l) {
+    return std::make_shared<ProcessGroups>(
+        WorldConfig::from_degrees(world_->size(), 1, 1, 1, l.ulysses, l.ring, l.tp), world_);
+  }
+  // The layouts of this world size (the fixtures have 2 heads: Ulysses x tensor parallel <= 2).
+  std::vector<Layout> layouts() const {
+    if (world_->size() == 2) return {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}};
+    if (world_->size() == 4) return {{2, 2, 1}, {1, 2, 2}, {1, 4, 1}};
+    return {};
+  }
+  c10::InferenceMode guard_;
+  static std::shared_ptr<MpiCommunicator> world_;
+};
+std::shared_ptr<MpiCommunicator> HunyuanVideo15Parallel::world_;
+
+TEST_F(HunyuanVideo15Parallel, EveryLayoutEqualsOneRank) {
+  ASSERT_FALSE(layouts().empty()) << "run with 2 or 4 ranks, got " << world_->size();
+  struct Case {
+    std::string name;
+    bool all_valid;    // every mask all ones and i2v image embeds: no key mask
+    int64_t text = 0;  // Qwen text tokens kept (0: all 7)
+  };
+  // 4 Qwen tokens: a length both degrees divide, which the drivers would split over the ranks
+  // for a family without text_whole() (the token refiner and the reordering need it whole).
+  for (const Case& c : std::vector<Case>{{"hunyuan_video15-t2v-s1", false},
+                                         {"hunyuan_video15-t2v-s1", false, 4},
+                                         {"hunyuan_video15-i2v-s1", false},
+                                         {"hunyuan_video15-i2v-s1", true},
+                                         {"hunyuan_video15-i2v-s1", true, 4},
+                                         {"hunyuan_video15-meanflow-s1", false}}) {
+    SCOPED_TRACE(c.name + (c.all_valid ? " all valid" : "") + " text " + std::to_string(c.text));
+    const fs::path dir = fixture_case(c.name);
+    XF_REQUIRE_FIXTURE(dir);
+    auto one = xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, nullptr);
+    auto named = fixture_inputs(dir);
+    if (c.all_valid) {
+      for (const char* m : {"encoder_attention_mask", "encoder_attention_mask_2"}) {
+        named[m] = at::ones_like(named[m]);
+      }
+    }
+    if (c.text > 0) {
+      for (const char* k : {"encoder_hidden_states", "encoder_attention_mask"}) {
+        named[k] = named[k].narrow(1, 0, c.text);
+      }
+    }
+    const auto in = one->parse_forward_inputs(named);
+    EXPECT_EQ(one->embed(in).extra.count("text_key_mask"), c.all_valid ? 0u : 1u);
+    // And an odd image token count: the first 15 tokens as a 1 x 3 x 5 grid (t2v and i2v only:
+    // their patch is 1).
+    std::vector<xfuser::models::dit::DiTInputs> inputs = {in};
+    if (c.name != "hunyuan_video15-meanflow-s1") {
+      auto odd = in;
+      odd.tokens = in.tokens.narrow(1, 0, 15);
+      odd.token_ids = HunyuanVideoTransformer3DModel::token_ids(1, 3, 5, in.tokens.options());
+      inputs.push_back(odd);
+    }
+    for (const auto& x : inputs) {
+      const auto want = one->forward(x);
+      for (const Layout& l : layouts()) {
+        auto g = groups(l);
+        auto model =
+            l.tp > 1 ? xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, g.get())
+                     : one;
+        if (l.tp > 1) EXPECT_LT(model->num_parameters(), one->num_parameters());
+        const auto got = xfuser::models::dit::sequence_parallel_forward(*model, x, *g);
+        const double rel = max_rel_error(got, want);
+        if (world_rank() == 0) {
+          std::printf(
+              "[hunyuan_video15 parallel] %-28s %s %lld text, %2lld tokens, ulysses %d ring %d "
+              "tp %d: vs one rank %.2e\n",
+              c.name.c_str(), c.all_valid ? "all-valid" : "padded   ",
+              static_cast<long long>(x.text.size(1)), static_cast<long long>(x.tokens.size(1)),
+              l.ulysses, l.ring, l.tp, rel);
+        }
+        EXPECT_LE(rel, 1e-5) << "ulysses " << l.ulysses << " ring " << l.ring << " tp " << l.tp;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  xfuser::set_process_rank(world_rank());
+  const int result = RUN_ALL_TESTS();
+  MPI_Finalize();
+  return result;
+}
