@@ -202,16 +202,27 @@ TEST_F(HunyuanVideo15Test, PaddingIsInvisibleAndTheTextIsReorderedValidFirst) {
 
   const auto in = model->parse_forward_inputs(named);
   const auto a = model->embed(in);
-  ASSERT_EQ(a.text_tokens, 3 + 5 + 7);
-  ASSERT_EQ(a.context.size(1), 15);
-  const auto& keys = a.extra.at(HunyuanVideo15Transformer3DModel::kTextKeyMask);
   // t2v: the 3 image tokens are padding. Row 0: 3 glyphs + 7 Qwen valid; row 1: 4 Qwen valid.
+  // Of the 3 + 5 + 7 reordered tokens the first max(10, 4) are kept.
+  ASSERT_EQ(a.text_tokens, 10);
+  ASSERT_EQ(a.context.size(1), 10);
+  const auto& keys = a.extra.at(HunyuanVideo15Transformer3DModel::kTextKeyMask);
   EXPECT_EQ(keys[0].sum().item<int64_t>(), 10);
   EXPECT_EQ(keys[1].sum().item<int64_t>(), 4);
   EXPECT_TRUE(keys[1].narrow(0, 0, 4).all().item<bool>());
-  // Row 1's padded glyph and Qwen tokens are zeros, after the (padded, not zeroed) image tokens.
-  EXPECT_EQ(a.context[1].narrow(0, 7, 8).abs().sum().item<double>(), 0.0);
+  // Row 1: its 4 Qwen tokens, the 3 padded (not zeroed) image tokens, then the zeroed glyphs.
   EXPECT_GT(a.context[1].narrow(0, 4, 3).abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(a.context[1].narrow(0, 7, 3).abs().sum().item<double>(), 0.0);
+  // Row 0's valid Qwen tokens are the refiner's output + cond_type_embed[0], after its glyphs.
+  EXPECT_GT(a.context[0].narrow(0, 3, 7).abs().min().item<double>(), 0.0);
+  // Both rows alike (row 0's masks on row 1): every kept token valid, no key mask.
+  auto same = named;
+  for (const char* m : {"encoder_attention_mask", "encoder_attention_mask_2"}) {
+    same[m] = named[m][0].unsqueeze(0).repeat({2, 1});
+  }
+  const auto b = model->embed(model->parse_forward_inputs(same));
+  EXPECT_EQ(b.text_tokens, 10);
+  EXPECT_EQ(b.extra.count(HunyuanVideo15Transformer3DModel::kTextKeyMask), 0u);
 }
 
 TEST_F(HunyuanVideo15Test, TwoPartsEqualTheWholeModel) {

@@ -332,9 +332,15 @@ dit::DiTActivations HunyuanVideo15Transformer3DModel::embed(const dit::DiTInputs
         at::sort(at::logical_not(keys).to(at::kInt), c10::optional<bool>(true), 1, false));
     a.context = at::gather(joint, 1, order.unsqueeze(-1).expand({-1, -1, joint.size(2)}));
   }
-  // After the reordering a row's valid text tokens are its first count_b.
+  // After the reordering a row's valid text tokens are its first count_b. The columns from
+  // max_b count_b on are padding in every row: no image or valid text query attends them and
+  // they reach nothing else, so they are dropped (exact for the output; t2v's image tokens,
+  // unused glyph slots and the prompts' padding cost nothing in the blocks).
   auto counts = keys.sum(1, /*keepdim=*/true);  // [B, 1] int64
-  auto text_keys = at::arange(a.text_tokens, counts.options()).unsqueeze(0) < counts;  // [B, L]
+  const int64_t kept = counts.max().item<int64_t>();
+  if (a.context.defined() && kept < a.text_tokens) a.context = a.context.narrow(1, 0, kept);
+  a.text_tokens = kept;
+  auto text_keys = at::arange(kept, counts.options()).unsqueeze(0) < counts;  // [B, L]
   if (!text_keys.all().item<bool>()) a.extra[kTextKeyMask] = text_keys;
   a.rope =
       HunyuanVideoTransformer3DModel::rope(in.token_ids, config_.rope_axes_dim, config_.rope_theta);

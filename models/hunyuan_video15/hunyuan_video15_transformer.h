@@ -23,7 +23,8 @@
 //               masked when image_embeds is all zeros over the whole batch (t2v), else all
 //               valid. Then diffusers' reordering per batch row: [valid image, valid glyph, valid
 //               Qwen, padded image, padded glyph (zeros), padded Qwen (zeros)] is the text
-//               stream (L = N3 + L2 + L1 tokens); the rotary tables of the image tokens.
+//               stream, of which the first L = max_b count_b tokens are kept (below); the
+//               rotary tables of the image tokens.
 //   blocks      transformer_blocks (HunyuanVideo's double-stream block: one joint attention over
 //               [image, text], QK RMSNorm, RoPE on the image rows).
 //   finalize    norm_out (AdaLayerNormContinuous) + proj_out on the image tokens.
@@ -33,8 +34,9 @@
 // text tokens. Here the image queries and the valid text queries see exactly the image keys and
 // those first count_b text keys (a key mask, AttentionCall::text_key_mask [B, L]); the padded
 // text queries, fully masked in diffusers, see the same keys here: their rows only ever act as
-// masked keys, so the image output is the same (and stays finite). No mask when every text token
-// of every row is valid.
+// masked keys, so the image output is the same (and stays finite). The text columns padded in
+// every row (from max_b count_b on) are therefore dropped: exact, and the blocks never see t2v's
+// image tokens or a batch's common padding. No mask when every row counts the same valid tokens.
 //
 // Parallelism. dit::TextAttention::kJointImageFirst with text_whole(): the token refiner and the
 // reordering work on the whole text, so the sequence-parallel drivers keep the text stream
@@ -110,7 +112,8 @@ class HunyuanVideo15Transformer3DModel : public dit::DiTTransformer {
   dit::DiTInputs parse_forward_inputs(const TensorMap& inputs) const override;
   // The token output [B, N, out_C*pt*p*p] back as {"sample": [B, out_C, F, H, W]}.
   TensorMap forward_outputs(const at::Tensor& tokens, const TensorMap& inputs) const override;
-  // hidden [B, n, D] and context [B, L, D] (the reordered text stream; with the embedders), temb
+  // hidden [B, n, D] and context [B, L, D] (the reordered text stream, L = max_b count_b valid
+  // tokens; with the embedders), temb
   // [B|1, D], rope of the image tokens [n, head_dim], extra[kTextKeyMask] [B, L] bool (only when
   // a text key is masked). Without the embedders text_tokens is still set (from the inputs).
   dit::DiTActivations embed(const dit::DiTInputs& in) const override;
