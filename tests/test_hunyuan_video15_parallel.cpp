@@ -3,7 +3,8 @@
 // ring 2, ring 2 x tensor parallel 2, ring 4 (NP 4) equals the one-rank forward on the three
 // diffusers 0.36.0 fixtures (t2v: the image tokens and padded text keys masked; i2v; meanflow
 // with patch 2), with every mask all-valid (no key mask), and with an odd image token count (the
-// sequence chunks padded). The text stream is whole on every rank (text_whole()).
+// sequence chunks padded). The text stream is whole on every rank (text_whole()). CFG: batched
+// and CFG parallel (alone, or with Ulysses / ring at NP 4) equal two passes.
 #include <mpi.h>
 
 #include <cstdio>
@@ -136,6 +137,51 @@ TEST_F(HunyuanVideo15Parallel, EveryLayoutEqualsOneRank) {
         }
         EXPECT_LE(rel, 1e-5) << "ulysses " << l.ulysses << " ring " << l.ring << " tp " << l.tp;
       }
+    }
+  }
+}
+
+// Classifier-free guidance (HunyuanVideo-1.5 runs true CFG): the negative branch has other Qwen
+// text and glyphs with other padding. The batched [neg; pos] forward (every extra input
+// concatenated, timestep_r [1] repeated) and CFG parallel 2 (NP 2), or CFG 2 x Ulysses 2 and
+// CFG 2 x ring 2 (NP 4), equal the two branches run one after the other on one rank.
+TEST_F(HunyuanVideo15Parallel, GuidanceBatchedAndCfgParallelEqualTwoPasses) {
+  for (const std::string name : {"hunyuan_video15-t2v-s1", "hunyuan_video15-meanflow-s1"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = fixture_case(name);
+    XF_REQUIRE_FIXTURE(dir);
+    auto model = xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, nullptr);
+    auto named = fixture_inputs(dir);
+    const auto positive = model->parse_forward_inputs(named);
+    named["encoder_hidden_states"] = named["encoder_hidden_states"].flip({1}) * 0.5;
+    named["encoder_attention_mask"] = at::ones_like(named["encoder_attention_mask"]);
+    named["encoder_attention_mask"][0].narrow(0, 2, 5).zero_();
+    named["encoder_hidden_states_2"] = -named["encoder_hidden_states_2"];
+    named["encoder_attention_mask_2"] = named["encoder_attention_mask_2"].flip({0});
+    const auto negative = model->parse_forward_inputs(named);
+    const double scale = 5.0;
+    const auto want = xfuser::models::dit::guided_noise(*model, positive, negative, scale, nullptr,
+                                                        /*batched=*/false);
+    const auto pos = model->forward(positive);
+    EXPECT_GT(max_rel_error(want, pos), 1e-3);  // the negative branch differs
+    const auto batched = xfuser::models::dit::guided_noise(*model, positive, negative, scale,
+                                                           nullptr, /*batched=*/true);
+    const double rel_batched = max_rel_error(batched, want);
+    EXPECT_LE(rel_batched, 1e-5);
+    std::vector<std::pair<int, int>> sp = {{1, 1}};
+    if (world_->size() == 4) sp = {{2, 1}, {1, 2}};
+    for (auto [ulysses, ring] : sp) {
+      auto g = std::make_shared<ProcessGroups>(
+          WorldConfig::from_degrees(world_->size(), 1, 2, 1, ulysses, ring, 1), world_);
+      const auto got =
+          xfuser::models::dit::guided_noise(*model, positive, negative, scale, g.get(), false);
+      const double rel = max_rel_error(got, want);
+      if (world_rank() == 0) {
+        std::printf(
+            "[hunyuan_video15 cfg] %-28s batched %.2e; cfg 2 x ulysses %d x ring %d: %.2e\n",
+            name.c_str(), rel_batched, ulysses, ring, rel);
+      }
+      EXPECT_LE(rel, 1e-5) << "cfg 2 ulysses " << ulysses << " ring " << ring;
     }
   }
 }

@@ -207,6 +207,12 @@ dit::DiTInputs HunyuanVideo15Transformer3DModel::parse_forward_inputs(
   for (const char* name : {kTextEmbeds2, kImageEmbeds, kTimestepR}) {
     if (auto t = get(name); t.defined()) in.extra[name] = t;
   }
+  // timestep_r [1] (the image-to-video pipeline's) as [B]: the drivers concatenate the extra
+  // inputs of the CFG branches along the batch, which needs one row per sample.
+  if (auto it = in.extra.find(kTimestepR);
+      it != in.extra.end() && it->second.dim() == 1 && it->second.size(0) == 1 && hs.size(0) > 1) {
+    it->second = it->second.expand({hs.size(0)}).contiguous();
+  }
   check_inputs(in);
   return in;
 }
