@@ -150,9 +150,9 @@ TEST(ClipImageProcessor, ReadsConfigs) {
   expect_error_containing(
       [] {
         ClipImageProcessorConfig::from_json(
-            nlohmann::json::parse(R"({"image_processor_type": "SiglipImageProcessor"})"), "p.json");
+            nlohmann::json::parse(R"({"image_processor_type": "BlipImageProcessor"})"), "p.json");
       },
-      {"p.json", "SiglipImageProcessor"});
+      {"p.json", "BlipImageProcessor"});
   expect_error_containing(
       [] {
         ClipImageProcessorConfig::from_json(nlohmann::json::parse(R"({"image_mean": [0.5, 0.5]})"),

@@ -16,12 +16,22 @@ ClipImageProcessorConfig ClipImageProcessorConfig::from_json(const nlohmann::jso
   XF_CHECK(j.is_object(), "image processor config ", path, " is not a JSON object");
   const std::string type = cfg<std::string>(j, "image_processor_type", "CLIPImageProcessor", path);
   const std::string fe_type = cfg<std::string>(j, "feature_extractor_type", "", path);
-  XF_CHECK(type == "CLIPImageProcessor" || type == "CLIPFeatureExtractor",
+  const bool siglip = type == "SiglipImageProcessor";
+  XF_CHECK(type == "CLIPImageProcessor" || type == "CLIPFeatureExtractor" || siglip,
            "image processor config ", path, ": image_processor_type \"", type,
-           "\" is not CLIPImageProcessor");
+           "\" is not CLIPImageProcessor or SiglipImageProcessor");
   XF_CHECK(fe_type.empty() || fe_type == "CLIPFeatureExtractor", "image processor config ", path,
            ": feature_extractor_type \"", fe_type, "\" is not CLIPFeatureExtractor");
   ClipImageProcessorConfig c;
+  if (siglip) {
+    // SiglipImageProcessor: resize to size {height, width} (default 224 x 224), no center crop
+    // (it has none: a crop_size key is ignored), IMAGENET_STANDARD mean and std (0.5).
+    c.shortest_edge = 0;
+    c.size_height = c.size_width = 224;
+    c.do_center_crop = false;
+    c.image_mean = {0.5, 0.5, 0.5};
+    c.image_std = {0.5, 0.5, 0.5};
+  }
   c.do_resize = cfg<bool>(j, "do_resize", c.do_resize, path);
   if (j.contains("size") && !j["size"].is_null()) {
     const auto& s = j["size"];
@@ -48,8 +58,8 @@ ClipImageProcessorConfig ClipImageProcessorConfig::from_json(const nlohmann::jso
              ": \"size\" must be positive, got ", s.dump());
   }
   c.resample = pil_filter_from_int(cfg<int64_t>(j, "resample", 3, path), path + " \"resample\"");
-  c.do_center_crop = cfg<bool>(j, "do_center_crop", c.do_center_crop, path);
-  if (j.contains("crop_size") && !j["crop_size"].is_null()) {
+  if (!siglip) c.do_center_crop = cfg<bool>(j, "do_center_crop", c.do_center_crop, path);
+  if (!siglip && j.contains("crop_size") && !j["crop_size"].is_null()) {
     const auto& s = j["crop_size"];
     if (s.is_number()) {
       c.crop_height = c.crop_width = cfg<int64_t>(j, "crop_size", 0, path);

@@ -1,5 +1,7 @@
 // transformers (v4.44.2) CLIPImageProcessor: the image preprocessing in front of a CLIP vision
-// tower (Wan2.1 image-to-video's image_processor/ folder, the IP-adapter feature_extractor/).
+// tower (Wan2.1 image-to-video's image_processor/ folder, the IP-adapter feature_extractor/), and
+// SiglipImageProcessor (HunyuanVideo-1.5 image-to-video's feature_extractor/), which is the same
+// steps with size {height, width}, no center crop and mean / std 0.5.
 //
 // preprocess() follows CLIPImageProcessor.preprocess on uint8 RGB arrays, step for step:
 //   resize       size {"shortest_edge": s}: get_resize_output_image_size(default_to_square=False):

@@ -6,6 +6,7 @@
 
 #include "models/common/component.h"
 #include "models/image/clip_vision.h"
+#include "models/image/siglip_vision.h"
 
 namespace xfuser::models {
 
@@ -20,6 +21,11 @@ void register_image_encoders() {
       "CLIPVisionModelWithProjection", [](const nlohmann::json& config, const std::string& path) {
         return std::make_shared<ClipVisionModel>(ClipVisionConfig::from_json(config, path), true);
       });
+  ComponentRegistry::add("SiglipVisionModel",
+                         [](const nlohmann::json& config, const std::string& path) {
+                           return std::make_shared<image::SiglipVisionModel>(
+                               image::SiglipVisionConfig::from_json(config, path));
+                         });
 }
 
 }  // namespace xfuser::models
