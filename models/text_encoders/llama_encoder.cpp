@@ -41,6 +41,103 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 // ---- config -------------------------------------------------------------------------------------
 
+namespace {
+
+// Qwen2_5_VLTextConfig (transformers 4.57.1) of a Qwen2_5_VLTextModel folder, or the text part of
+// a Qwen2_5_VLForConditionalGeneration one: its "text_config", or (the original Qwen2.5-VL
+// checkpoints' config.json) the top-level keys.
+LlamaEncoderConfig qwen2_5_vl_from_json(const nlohmann::json& top, const std::string& top_path,
+                                        const std::string& architecture) {
+  using C = LlamaEncoderConfig;
+  const bool full = architecture == "Qwen2_5_VLForConditionalGeneration";
+  const auto tc = top.find("text_config");
+  const bool nested = full && tc != top.end() && tc->is_object();
+  const nlohmann::json& j = nested ? *tc : top;
+  const std::string path = nested ? top_path + " text_config" : top_path;
+  const std::string model_type =
+      cfg<std::string>(j, "model_type", full && !nested ? "qwen2_5_vl" : "qwen2_5_vl_text", path);
+  XF_CHECK(model_type == "qwen2_5_vl_text" || model_type == "qwen2_5_vl", "config ", path,
+           ": model_type '", model_type, "' is not a Qwen2.5-VL language model (", architecture,
+           ")");
+  C c;
+  c.architecture = architecture;
+  c.family = C::Family::kQwen2;
+  c.multimodal = full;
+  // Q/K/V carry biases, o_proj and the MLP none (Qwen2_5_VLAttention, Qwen2MLP).
+  c.qkv_bias = true;
+  // transformers 4.57's SDPA path (the default) on torch >= 2.5: fully masked query rows (the
+  // leading pads of a left-padded row) get a zero attention output.
+  c.fully_masked_rows = C::FullyMaskedRows::kZero;
+  c.vocab_size = cfg<int64_t>(j, "vocab_size", 152064, path);
+  c.hidden_size = cfg<int64_t>(j, "hidden_size", 8192, path);
+  c.intermediate_size = cfg<int64_t>(j, "intermediate_size", 29568, path);
+  c.num_hidden_layers = cfg<int64_t>(j, "num_hidden_layers", 80, path);
+  c.num_attention_heads = cfg<int64_t>(j, "num_attention_heads", 64, path);
+  const bool kv_given = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null();
+  c.num_key_value_heads =
+      kv_given ? cfg<int64_t>(j, "num_key_value_heads", 8, path)
+               : (j.contains("num_key_value_heads") ? c.num_attention_heads : int64_t{8});
+  c.hidden_act = hidden_act_from_name(cfg<std::string>(j, "hidden_act", "silu", path),
+                                      path + " \"hidden_act\"");
+  c.rms_norm_eps = cfg<double>(j, "rms_norm_eps", 1e-5, path);
+  c.rope_theta = cfg<double>(j, "rope_theta", 1000000.0, path);
+  c.max_position_embeddings = cfg<int64_t>(j, "max_position_embeddings", 32768, path);
+  XF_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
+               c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.num_hidden_layers >= 1,
+           "config ", path,
+           ": vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads "
+           "and num_key_value_heads must be positive");
+  XF_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, "config ", path,
+           ": num_attention_heads ", c.num_attention_heads,
+           " is not a multiple of num_key_value_heads ", c.num_key_value_heads);
+  XF_CHECK(c.hidden_size % c.num_attention_heads == 0, "config ", path, ": hidden_size ",
+           c.hidden_size, " is not divisible by num_attention_heads ", c.num_attention_heads);
+  c.head_dim = c.hidden_size / c.num_attention_heads;  // Qwen2_5_VLAttention ignores head_dim
+  XF_CHECK(c.head_dim % 2 == 0, "config ", path, ": head_dim ", c.head_dim,
+           " (hidden_size / num_attention_heads) must be even for RoPE");
+  XF_CHECK(c.rms_norm_eps >= 0 && c.rope_theta > 0, "config ", path,
+           ": rms_norm_eps must be >= 0 and rope_theta > 0");
+  // Sliding-window layers (use_sliding_window with layers from max_window_layers on, or an
+  // explicit layer_types) are not supported; Qwen2.5-VL ships with use_sliding_window false.
+  const bool sliding = cfg<bool>(j, "use_sliding_window", false, path);
+  const int64_t max_window_layers = cfg<int64_t>(j, "max_window_layers", 80, path);
+  XF_CHECK(!sliding || max_window_layers >= c.num_hidden_layers, "config ", path,
+           ": use_sliding_window with sliding layers from max_window_layers ", max_window_layers,
+           " on is not supported (only full attention)");
+  if (const auto lt = j.find("layer_types"); lt != j.end() && !lt->is_null()) {
+    XF_CHECK(lt->is_array(), "config ", path, ": layer_types must be a list");
+    for (const auto& t : *lt) {
+      XF_CHECK(t == "full_attention", "config ", path, ": layer_types holds ", t.dump(),
+               "; only \"full_attention\" layers are supported");
+    }
+  }
+  // rope_scaling: null, or {"type" / "rope_type": "mrope" | "default", "mrope_section": [...]}.
+  // For text the three position rows of the multimodal RoPE are equal (Qwen2_5_VLTextModel
+  // expands cache_position to 3 rows), so every section takes the same angles: Qwen2's 1-D RoPE.
+  if (const auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    const std::string where = path + " \"rope_scaling\"";
+    XF_CHECK(it->is_object(), "config ", where, " must be an object or null, got ", it->dump());
+    std::string type = cfg<std::string>(*it, "type", "default", where);
+    type = cfg<std::string>(*it, "rope_type", type, where);
+    XF_CHECK(type == "default" || type == "mrope", "config ", where, ": rope_type '", type,
+             "' is not supported for ", architecture, " (supported: \"default\", \"mrope\")");
+    if (const auto ms = it->find("mrope_section"); ms != it->end() && !ms->is_null()) {
+      int64_t sum = 0;
+      XF_CHECK(ms->is_array(), "config ", where, ": mrope_section must be a list");
+      for (const auto& v : *ms) {
+        XF_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, "config ", where,
+                 ": mrope_section entries must be non-negative integers, got ", ms->dump());
+        sum += v.get<int64_t>();
+      }
+      XF_CHECK(2 * sum == c.head_dim, "config ", where, ": mrope_section ", ms->dump(), " sums to ",
+               sum, ", not head_dim / 2 = ", c.head_dim / 2);
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
 LlamaEncoderConfig LlamaEncoderConfig::from_json(const nlohmann::json& j, const std::string& path,
                                                  const std::string& architecture) {
   XF_CHECK(j.is_object(), "config ", path, " is not a JSON object");
@@ -61,6 +158,10 @@ LlamaEncoderConfig LlamaEncoderConfig::from_json(const nlohmann::json& j, const 
     // gives fully masked query rows a zero attention output.
     c.fully_masked_rows = FullyMaskedRows::kZero;
     return c;
+  }
+  if (architecture == "Qwen2_5_VLTextModel" ||
+      architecture == "Qwen2_5_VLForConditionalGeneration") {
+    return qwen2_5_vl_from_json(j, path, architecture);
   }
   LlamaEncoderConfig c;
   c.architecture = architecture;
@@ -227,9 +328,13 @@ class LlamaAttention : public Module {
   explicit LlamaAttention(const LlamaEncoderConfig& c)
       : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
     const bool bias = c.attention_bias;
-    q_proj_ = child("q_proj", std::make_shared<Linear>(c.hidden_size, heads_ * head_dim_, bias));
-    k_proj_ = child("k_proj", std::make_shared<Linear>(c.hidden_size, kv_heads_ * head_dim_, bias));
-    v_proj_ = child("v_proj", std::make_shared<Linear>(c.hidden_size, kv_heads_ * head_dim_, bias));
+    const bool qkv_bias = bias || c.qkv_bias;
+    q_proj_ =
+        child("q_proj", std::make_shared<Linear>(c.hidden_size, heads_ * head_dim_, qkv_bias));
+    k_proj_ =
+        child("k_proj", std::make_shared<Linear>(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+    v_proj_ =
+        child("v_proj", std::make_shared<Linear>(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
     o_proj_ = child("o_proj", std::make_shared<Linear>(heads_ * head_dim_, c.hidden_size, bias));
   }
 
@@ -327,6 +432,19 @@ void LlamaEncoder::load(const TensorSource& source, c10::ScalarType dtype,
   LoadOptions opts = options;
   // The language-model head (tied or not) is not part of the encoder.
   if (config_.causal_lm) opts.ignore_unexpected_prefixes.push_back("lm_head.");
+  if (config_.multimodal && config_.family == LlamaEncoderConfig::Family::kQwen2) {
+    // Qwen2_5_VLForConditionalGeneration: transformers >= 4.52 saves the language model under
+    // "model.language_model.", the original checkpoints under "model."; the vision tower
+    // ("model.visual." / "visual.") and lm_head lie outside the prefix and are not read.
+    for (const char* lm : {"model.language_model.", "model."}) {
+      if (source.contains(prefix + lm + "embed_tokens.weight")) {
+        Module::load(source, dtype, prefix + lm, opts);
+        return;
+      }
+    }
+    XF_THROW(source.describe(), ": no ", prefix, "model.language_model.embed_tokens.weight or ",
+             prefix, "model.embed_tokens.weight: not a ", config_.architecture, " checkpoint");
+  }
   if (config_.multimodal) {
     // Mistral3ForConditionalGeneration: transformers >= 4.52 saves the language model under
     // "model.language_model.", earlier releases (and the original checkpoints) under

@@ -13,6 +13,14 @@
 // encoder does not use (ignored when loading, present or not). Mistral3ForConditionalGeneration
 // (FLUX.2's Mistral-Small-3.1) holds its language model under "model.language_model." (or
 // "language_model.model."), configured by config.json's text_config; only that part is read.
+// Qwen2_5_VLTextModel (HunyuanVideo-1.5's text_encoder, transformers 4.57.1) is the same decoder
+// with biases on q/k/v_proj (not o_proj), head_dim = hidden_size / heads and Qwen2.5-VL's
+// multimodal RoPE, which for text equals the 1-D RoPE here: the model expands its position ids
+// (0..S-1) to three equal rows, so every mrope_section takes the same angles.
+// Qwen2_5_VLForConditionalGeneration folders are read for their language model only (config
+// text_config or, in the original checkpoints, the top-level keys; weights under
+// "model.language_model." or "model."), computed as its Qwen2_5_VLTextModel with default
+// position ids (the full model's get_rope_index would shift a left-padded row's positions).
 //
 // Math (as transformers' eager path): RMSNorm with the variance in float32 and the normalised
 // value cast back before the weight; RoPE (rotate_half) with inv_freq computed in float32 on the
@@ -58,7 +66,7 @@
 namespace xfuser::models::text_encoders {
 
 struct LlamaEncoderConfig {
-  enum class Family { kLlama, kMistral };
+  enum class Family { kLlama, kMistral, kQwen2 };
   enum class RopeType { kDefault, kLlama3 };
 
   std::string architecture = "LlamaModel";  // config.json "architectures"[0]
@@ -85,6 +93,7 @@ struct LlamaEncoderConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   bool attention_bias = false;  // Llama only (Mistral has no biases)
+  bool qkv_bias = false;        // Qwen2 / Qwen2.5-VL: biases on q/k/v_proj only (not o_proj)
   bool mlp_bias = false;
   int64_t max_position_embeddings = 2048;  // informational: transformers does not enforce it
   std::optional<int64_t> sliding_window;   // Mistral only

@@ -33,7 +33,8 @@ void register_text_encoders() {
         return std::make_shared<T5Encoder>(T5EncoderConfig::from_json(config, path, true));
       });
   for (const char* name : {"LlamaModel", "LlamaForCausalLM", "MistralModel", "MistralForCausalLM",
-                           "Mistral3ForConditionalGeneration"}) {
+                           "Mistral3ForConditionalGeneration", "Qwen2_5_VLTextModel",
+                           "Qwen2_5_VLForConditionalGeneration"}) {
     const std::string architecture = name;
     ComponentRegistry::add(
         architecture, [architecture](const nlohmann::json& config, const std::string& path) {

@@ -2,6 +2,7 @@
 
 #include "backends/error.h"
 #include "models/tokenizers/bpe_tokenizer.h"
+#include "models/tokenizers/byt5_tokenizer.h"
 #include "models/tokenizers/clip_tokenizer.h"
 #include "models/tokenizers/t5_tokenizer.h"
 
@@ -80,6 +81,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir,
     return ClipTokenizer::from_dir(dir);
   }
   if (t5_class && fs::exists(dir / "spiece.model")) return T5Tokenizer::from_dir(dir);
+  // ByT5 has no vocabulary file: its class (tokenizer_config.json or the caller's) decides.
+  if (starts_with("ByT5Tokenizer")) return ByT5Tokenizer::from_dir(dir);
   // A CLIP or T5 class reads its slow tokenizer's files, never tokenizer.json.
   XF_CHECK(cls.empty() || !starts_with("CLIPTokenizer"), "tokenizer folder ", dir,
            ": tokenizer_class ", cls, " needs vocab.json + merges.txt (",
@@ -88,7 +91,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir,
            ": tokenizer_class ", cls, " needs spiece.model");
   if (fs::exists(dir / "tokenizer.json")) return BpeTokenizer::from_dir(dir, tokenizer_class);
   XF_THROW("tokenizer folder ", dir,
-           " has neither vocab.json + merges.txt (CLIP), spiece.model (T5) nor tokenizer.json",
+           " has neither vocab.json + merges.txt (CLIP), spiece.model (T5), tokenizer.json nor "
+           "a ByT5Tokenizer tokenizer_class in tokenizer_config.json",
            cls.empty() ? std::string() : " for its tokenizer_class " + cls);
 }
 

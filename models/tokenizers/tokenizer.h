@@ -25,7 +25,7 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  // "clip", "t5" or "bpe".
+  // "clip", "t5", "byt5" or "bpe".
   virtual std::string kind() const = 0;
 
   // tokenizer(text).input_ids: special tokens added, no truncation, no padding.
@@ -65,7 +65,8 @@ class Tokenizer {
 
 // Chooses the tokenizer from the folder's files and tokenizer_config.json's tokenizer_class:
 // vocab.json + merges.txt with no class or a CLIP class -> CLIP; spiece.model with no class or a
-// T5 class -> T5; otherwise tokenizer.json -> BpeTokenizer (Qwen2.5 folders carry vocab.json +
+// T5 class -> T5; a ByT5Tokenizer class -> ByT5 (byt5_tokenizer.h, no vocabulary file);
+// otherwise tokenizer.json -> BpeTokenizer (Qwen2.5 folders carry vocab.json +
 // merges.txt too: their class decides). tokenizer_class, when given, overrides the config's (as
 // diffusers' model_index.json does). Throws xfuser::Error naming the folder when none fits.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir,
