@@ -1,7 +1,7 @@
 // HunyuanVideo15Transformer3DModel: the diffusers 0.36.0 fixtures (t2v with zero image embeds,
 // i2v, meanflow with patch 2; batch 2 with padded Qwen text and glyphs) through call("forward")
-// and the registry; the text stream's reordering and key mask; a model split into two parts;
-// parameter counts; the config and input errors.
+// and the registries (`xfuser forward` too); bf16 / fp16; the text stream's reordering and key
+// mask; a model split into two parts; parameter counts; the config and input errors.
 #include <map>
 #include <string>
 #include <vector>
@@ -17,6 +17,7 @@
 #include "models/dit/dit_parallel.h"
 #include "models/hunyuan_video15/hunyuan_video15_transformer.h"
 #include "models/registry.h"
+#include "models/weights/component_folder.h"
 #include "models/weights/safetensors.h"
 #include "tests/test_util.h"
 
@@ -180,6 +181,65 @@ TEST_F(HunyuanVideo15Test, RegistryLoadsTheFolderByClassName) {
   const auto out =
       model->forward_outputs(model->forward(model->parse_forward_inputs(named)), named);
   EXPECT_LE(max_rel_error(out.at("sample"), fixture_output(kI2v)), 1e-4);
+}
+
+TEST_F(HunyuanVideo15Test, ComponentRegistryFamilyAndXfuserForward) {
+  bool family = false;
+  for (const auto& f : xfuser::models::FamilyRegistry::all()) {
+    family = family || f.name == "hunyuan_video15";
+  }
+  EXPECT_TRUE(family);
+  const fs::path bin = xfuser::testing::binary_dir() / "bin" / "xfuser";
+  ASSERT_TRUE(fs::exists(bin)) << "xfuser binary not built: " << bin;
+  auto q = [](const fs::path& p) { return "'" + p.string() + "'"; };
+  xfuser::testing::TempDir tmp("xfuser-hunyuan-video15-forward");
+  for (const auto& name : kCases) {
+    SCOPED_TRACE(name);
+    XF_REQUIRE_FIXTURE(fixture_case(name));
+    auto component = xfuser::models::load_component(fixture_case(name).string(), at::kFloat);
+    EXPECT_EQ(component->class_name(), "HunyuanVideo15Transformer3DModel");
+    const auto expected = fixture_output(name);
+    EXPECT_LE(
+        max_rel_error(component->call("forward", fixture_inputs(name)).at("sample"), expected),
+        1e-4);
+    const fs::path out = tmp / (name + ".safetensors");
+    std::string log;
+    const int rc = xfuser::testing::run_command(
+        q(bin) + " forward --model-dir " + q(fixture_case(name)) + " --inputs " +
+            q(fixture_case(name) / "inputs.safetensors") + " --output " + q(out) + " --dtype fp32",
+        &log);
+    ASSERT_EQ(rc, 0) << log;
+    auto got = xfuser::testing::read_tensors(out);
+    ASSERT_TRUE(got.count("sample")) << log;
+    const double err = max_rel_error(got.at("sample"), expected);
+    std::printf("[hunyuan_video15] xfuser forward %-28s fp32 vs diffusers %.2e\n", name.c_str(),
+                err);
+    EXPECT_LE(err, 1e-4);
+  }
+}
+
+TEST_F(HunyuanVideo15Test, ReducedPrecisionStaysClose) {
+  XF_REQUIRE_FIXTURE(fixture_case(kI2v));
+  const auto inputs = fixture_inputs(kI2v);
+  const auto expected = fixture_output(kI2v);
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    auto model = std::make_shared<HunyuanVideo15Transformer3DModel>(fixture_config(kI2v));
+    SafetensorsFile weights((fixture_case(kI2v) / "diffusion_pytorch_model.safetensors").string());
+    model->load(weights, dtype);
+    EXPECT_EQ(model->dtype(), dtype);
+    TensorMap in = inputs;  // the activations in the reduced dtype, timestep and masks as given
+    for (const auto* k :
+         {"hidden_states", "encoder_hidden_states", "encoder_hidden_states_2", "image_embeds"}) {
+      in[k] = inputs.at(k).to(dtype);
+    }
+    auto out = model->call("forward", in).at("sample");
+    EXPECT_EQ(out.scalar_type(), dtype);
+    const double err = max_rel_error(out.to(at::kFloat), expected);
+    std::printf("[hunyuan_video15] %s %s vs diffusers fp32 %.2e\n", kI2v.c_str(),
+                c10::toString(dtype), err);
+    EXPECT_LE(err, dtype == at::kHalf ? 1e-2 : 5e-2);
+  }
 }
 
 // The output depends on the padded tokens' positions only through the masks: changing the padded
