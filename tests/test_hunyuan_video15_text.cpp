@@ -232,6 +232,15 @@ TEST(HunyuanVideo15ByT5, T5EncoderFloat32MatchesTransformers) {
   EXPECT_LE(rel, 1e-4);
   // The mask matters (the second row is padded).
   EXPECT_GT(max_rel_error(model->forward(in.at("input_ids"), at::Tensor()), ref), 1e-3);
+  // A wrong activation in config.json is named with the file.
+  xfuser::testing::TempDir tmp;
+  nlohmann::json config = read_json(dir / "config.json");
+  config["feed_forward_proj"] = "gated-nope";
+  config.erase("dense_act_fn");
+  write_text(tmp / "config.json", config.dump());
+  fs::copy_file(dir / "model.safetensors", tmp / "model.safetensors");
+  expect_error_containing([&] { xfuser::models::load_component(tmp.path().string(), at::kFloat); },
+                          {"config.json", "nope"});
 }
 
 // ---- tokenizers -------------------------------------------------------------------------------
@@ -255,6 +264,12 @@ TEST(HunyuanVideo15Tokenizers, Qwen2IdsEqualHuggingFace) {
     EXPECT_GE(long_ones, 4u);  // the system message, the long text and the chat texts
     EXPECT_GE(non_ascii, 5u);
   }
+  // A Qwen2 folder without tokenizer.json is refused, naming the folder.
+  xfuser::testing::TempDir tmp;
+  fs::copy_file(text_dir() / "tokenizer" / "tokenizer_config.json", tmp / "tokenizer_config.json");
+  expect_error_containing(
+      [&] { xfuser::models::tokenizers::load_tokenizer(tmp.path(), "Qwen2Tokenizer"); },
+      {tmp.path().string(), "tokenizer.json"});
 }
 
 TEST(HunyuanVideo15Tokenizers, ByT5IdsEqualHuggingFace) {
