@@ -112,6 +112,11 @@ struct LlamaEncoderConfig {
   // (transformers 4.44 ignores it in attention), or num_attention_heads not a multiple of
   // num_key_value_heads. pretraining_tp > 1 only splits the projections in transformers (the
   // same sums in another order) and is accepted.
+  // Qwen2_5_VLTextModel / Qwen2_5_VLForConditionalGeneration read a Qwen2_5_VLTextConfig with
+  // transformers 4.57.1's defaults: rope_scaling null or {"type" / "rope_type": "mrope" |
+  // "default", "mrope_section" summing to head_dim / 2}; sliding-window layers
+  // (use_sliding_window with max_window_layers < num_hidden_layers, or a "sliding_attention"
+  // in layer_types) are an error.
   static LlamaEncoderConfig from_json(const nlohmann::json& config, const std::string& path,
                                       const std::string& architecture);
 };
