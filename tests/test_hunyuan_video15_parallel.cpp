@@ -4,7 +4,8 @@
 // diffusers 0.36.0 fixtures (t2v: the image tokens and padded text keys masked; i2v; meanflow
 // with patch 2), with every mask all-valid (no key mask), and with an odd image token count (the
 // sequence chunks padded). The text stream is whole on every rank (text_whole()). CFG: batched
-// and CFG parallel (alone, or with Ulysses / ring at NP 4) equal two passes.
+// and CFG parallel (alone, or with Ulysses / ring at NP 4) equal two passes. PipeFusion over 2
+// stages (with Ulysses 2 at NP 4) equals the serial loop on one prompt.
 #include <mpi.h>
 
 #include <cstdio>
@@ -15,6 +16,7 @@
 
 #include "backends/error.h"
 #include "models/dit/dit_parallel.h"
+#include "models/dit/dit_pipefusion.h"
 #include "models/hunyuan_video/hunyuan_video_transformer.h"
 #include "models/hunyuan_video15/hunyuan_video15_transformer.h"
 #include "models/weights/safetensors.h"
@@ -182,6 +184,74 @@ TEST_F(HunyuanVideo15Parallel, GuidanceBatchedAndCfgParallelEqualTwoPasses) {
             name.c_str(), rel_batched, ulysses, ring, rel);
       }
       EXPECT_LE(rel, 1e-5) << "cfg 2 ulysses " << ulysses << " ring " << ring;
+    }
+  }
+}
+
+// PipeFusion over 2 stages (one block each; NP 4: with Ulysses 2 in each stage) on one batch
+// row of the t2v and i2v fixtures (one prompt: no key mask; the text stream text_tokens(in) =
+// 10 and 13 of 15 rows) equals the serial loop with warm-up through all steps, and stays close
+// with 1 warm-up step.
+TEST_F(HunyuanVideo15Parallel, PipeFusionTwoStagesEqualsSerial) {
+  for (const std::string name : {"hunyuan_video15-t2v-s1", "hunyuan_video15-i2v-s1"}) {
+    SCOPED_TRACE(name);
+    const fs::path dir = fixture_case(name);
+    XF_REQUIRE_FIXTURE(dir);
+    auto whole = xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, nullptr);
+    auto named = fixture_inputs(dir);
+    for (auto& [k, v] : named) v = v.narrow(0, 0, 1);
+    const auto in = whole->parse_forward_inputs(named);
+    EXPECT_EQ(whole->text_tokens(in), name == "hunyuan_video15-t2v-s1" ? 10 : 13);
+    EXPECT_EQ(whole->embed(in).extra.count("text_key_mask"), 0u);
+    const auto& hs = named.at("hidden_states");  // patch 1: F' H' rows of W' tokens
+    const int64_t rows = hs.size(2) * hs.size(3), cols = hs.size(4);
+    const int steps = 3;
+    auto inputs_at = [&](int i) {
+      auto x = in;
+      x.timestep = at::full({1}, 900 - 300 * i, in.timestep.options());
+      return x;
+    };
+    // Any fixed function of (noise, latents) serves the comparison: the 4 output channels step
+    // the first 4 of the 9 input ones (the condition channels stay).
+    auto step_fn = [](const at::Tensor& noise, const at::Tensor& latents,
+                      const xfuser::models::dit::PipeFusion::TokenRange&) {
+      auto next = latents.clone();
+      next.narrow(2, 0, noise.size(2)).sub_(0.25 * noise);
+      return next;
+    };
+    at::Tensor serial = in.tokens.clone();
+    for (int i = 0; i < steps; ++i) {
+      auto x = inputs_at(i);
+      x.tokens = serial;
+      serial = step_fn(whole->forward(x), serial, {});
+    }
+    const int ulysses = world_->size() / 2;
+    auto g = std::make_shared<ProcessGroups>(
+        WorldConfig::from_degrees(world_->size(), 1, 1, 2, ulysses, 1, 1), world_);
+    const auto layers = xfuser::models::dit::pipefusion_stage_layers(*whole, 2, {});
+    auto stage = xfuser::models::dit::load_dit_transformer(
+        dir.string(), at::kFloat, g.get(),
+        xfuser::models::dit::pipefusion_stage_part(layers, g->coords().pp));
+    for (int warmup : {steps, 1}) {
+      xfuser::models::dit::PipeFusion pf(*stage, *g, rows, cols, 2, warmup, steps);
+      at::Tensor latents = in.tokens.clone();
+      for (int i = 0; i < steps; ++i) {
+        pf.step(
+            i, inputs_at(i), 1, [](const at::Tensor& out) { return out; }, step_fn, latents);
+      }
+      const double rel = max_rel_error(latents, serial);
+      if (world_rank() == 0) {
+        std::printf(
+            "[hunyuan_video15 pipefusion] %-24s 2 stages x ulysses %d, 2 patches, warm-up %d of "
+            "%d: vs serial %.2e\n",
+            name.c_str(), ulysses, warmup, steps, rel);
+      }
+      if (warmup == steps) {
+        EXPECT_LE(rel, 1e-5);
+      } else {
+        EXPECT_GT(rel, 0.0);  // the stale path ran
+        EXPECT_LE(rel, 0.1);
+      }
     }
   }
 }

@@ -92,6 +92,12 @@ class DiTTransformer : public Component {
   // model embeds it with operations over the whole text, e.g. HunyuanVideo's token refiner);
   // otherwise a joint-attention text whose length divides by the degree is split over the ranks.
   virtual bool text_whole() const { return false; }
+  // Rows of the text stream embed() makes of `in` (what PipeFusion sends between stages with the
+  // image rows): in.text's length, unless the family's text embedding changes it (HunyuanVideo-1.5
+  // joins three streams and drops their common padding).
+  virtual int64_t text_tokens(const DiTInputs& in) const {
+    return in.text.defined() ? in.text.size(1) : 0;
+  }
   // Parameter count of each block (forward order) and of the parts outside the blocks
   // {embedders, conditioning, head}: PipeFusion balances its stages by them.
   virtual std::vector<int64_t> block_parameters() const = 0;

@@ -275,7 +275,7 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
   const int64_t batch = latents.size(0), channels = latents.size(2);
   const bool cross = model_.text_attention() == TextAttention::kCross;
   const bool text_first = model_.text_attention() == TextAttention::kJointTextFirst;
-  const int64_t text_len = in.text.size(1);
+  const int64_t text_len = model_.text_tokens(in);
   const int64_t model_batch = in.text.size(0);
   const int64_t dim = model_.hidden_size();
   const auto dtype = model_.dtype();

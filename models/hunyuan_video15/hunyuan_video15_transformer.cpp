@@ -43,6 +43,22 @@ at::Tensor binary_mask(const at::Tensor& mask, const std::string& name) {
   return mask.to(at::kBool);
 }
 
+// The valid tokens of the three text streams [B, N3 + L2 + L1] bool in the streams' order
+// (image, glyphs, Qwen); `t2v`: the image embeddings are all zeros over the whole batch
+// (diffusers' is_t2v), their tokens then all padding.
+at::Tensor stream_keys(const dit::DiTInputs& in, bool* t2v) {
+  using M = HunyuanVideo15Transformer3DModel;
+  const at::Tensor* mask2 = find_extra(in, M::kTextMask2);
+  const at::Tensor* image = find_extra(in, M::kImageEmbeds);
+  XF_CHECK(in.text_mask.defined() && mask2 && image && in.text.defined(),
+           "HunyuanVideo15Transformer3DModel: the text stream needs encoder_hidden_states, "
+           "encoder_attention_mask, ",
+           M::kTextMask2, " and ", M::kImageEmbeds);
+  *t2v = (*image == 0).all().item<bool>();
+  auto mask3 = at::full({image->size(0), image->size(1)}, !*t2v, in.text_mask.options());
+  return at::cat({mask3, *mask2, in.text_mask}, 1);
+}
+
 }  // namespace
 
 // HunyuanVideo15ByT5TextProjection: norm (LayerNorm, eps 1e-5), linear_1 (in -> hidden), GELU,
@@ -313,12 +329,9 @@ dit::DiTActivations HunyuanVideo15Transformer3DModel::embed(const dit::DiTInputs
   }
   const at::Tensor& mask2 = in.extra.at(kTextMask2);
   const at::Tensor& image_embeds = in.extra.at(kImageEmbeds);
-  const int64_t b = in.text.size(0), n3 = image_embeds.size(1);
-  a.text_tokens = n3 + in.extra.at(kTextEmbeds2).size(1) + in.text.size(1);
-  // t2v when the image embeddings are all zeros over the whole batch (diffusers' is_t2v).
-  const bool t2v = (image_embeds == 0).all().item<bool>();
-  auto mask3 = at::full({b, n3}, !t2v, in.text_mask.options());
-  at::Tensor keys = at::cat({mask3, mask2, in.text_mask}, 1);  // [B, L] in the streams' order
+  bool t2v = false;
+  const at::Tensor keys = stream_keys(in, &t2v);  // [B, L] in the streams' order
+  a.text_tokens = keys.size(1);
   if (x_embedder_) {
     a.hidden = x_embedder_->forward(in.tokens.to(dtype));  // [B, n, D]
     const auto& cond = cond_type_embed_->tensor;           // [3, D]
@@ -389,6 +402,11 @@ at::Tensor HunyuanVideo15Transformer3DModel::finalize(const dit::DiTActivations&
   XF_CHECK(proj_out_, "finalize: norm_out/proj_out are not held by this model part");
   XF_CHECK(a.hidden.defined() && !a.joined, "finalize: the image stream is undefined");
   return proj_out_->forward(norm_out_->forward(a.hidden, a.temb));  // [B, n, out_C*pt*p*p]
+}
+
+int64_t HunyuanVideo15Transformer3DModel::text_tokens(const dit::DiTInputs& in) const {
+  bool t2v = false;
+  return stream_keys(in, &t2v).sum(1).max().item<int64_t>();  // as embed() keeps them
 }
 
 TensorMap HunyuanVideo15Transformer3DModel::forward_outputs(const at::Tensor& tokens,

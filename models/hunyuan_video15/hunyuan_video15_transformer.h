@@ -43,10 +43,9 @@
 // replicated on every rank and pass the key mask of the replicated text. Tensor parallelism
 // (degree n) splits the blocks by whole heads as HunyuanVideo does (q/k/v and the modulation
 // linears column-parallel, to_out / to_add_out / ff.net.2 row-parallel); the embedders, the
-// token refiner and the head are replicated. PipeFusion is not supported: its driver sends
-// in.text.size(1) text rows between stages and takes no text mask, while this model's text
-// stream is the longer reordered one, masked whenever a stream has padding (t2v's image tokens
-// always are).
+// token refiner and the head are replicated. PipeFusion sends text_tokens(in) text rows between
+// stages and takes no text mask: it runs batches whose rows count the same valid tokens (one
+// prompt a branch, e.g. under CFG parallel); other batches are refused by its attention.
 #pragma once
 
 #include <cstdint>
@@ -101,6 +100,8 @@ class HunyuanVideo15Transformer3DModel : public dit::DiTTransformer {
   }
   // The token refiner and the reordering of the three streams need the whole text.
   bool text_whole() const override { return true; }
+  // max_b count_b: the valid tokens of the row that has the most (the text stream embed() keeps).
+  int64_t text_tokens(const dit::DiTInputs& in) const override;
   std::vector<int64_t> block_parameters() const override;
   // {x_embedder + image_embedder + context_embedder(_2) + cond_type_embed, time_embed,
   //  norm_out + proj_out}.
