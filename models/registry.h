@@ -96,11 +96,14 @@ struct ModelSpec {
   std::function<bool(const nlohmann::json& model_index)> folder_match;
   // Embedded models (no download, no cache): builds the pipeline folder if needed, returns it.
   std::function<std::filesystem::path()> embedded_dir;
-  // Editing models whose output size follows the first --input_images picture (FLUX.2: the
-  // picture's size, capped at 1 MP and floored to multiples of 16): (height, width) from the
-  // picture's (height, width); each of --height / --width not given takes its value. Null with
+  // Models whose output size follows the first --input_images picture (FLUX.2: the picture's
+  // size, capped at 1 MP and floored to multiples of 16; HunyuanVideo-1.5 I2V: the folder's
+  // aspect-ratio bucket): (height, width) from the pipeline folder and the picture's (height,
+  // width); each of --height / --width not given takes its value. Null with
   // Task::kImageToImage: the default area at the picture's aspect ratio (FLUX.1 Kontext).
-  std::function<std::pair<int, int>(int64_t height, int64_t width)> size_from_picture;
+  std::function<std::pair<int, int>(const std::filesystem::path& pipeline_dir, int64_t height,
+                                    int64_t width)>
+      size_from_picture;
 };
 
 // A tiny pipeline layout `xfuser make-tiny --arch NAME` writes (seeded random weights).

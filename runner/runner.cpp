@@ -280,7 +280,8 @@ ResolvedArgs Runner::preprocess_args() const {
   std::vector<at::Tensor> pictures;
   for (const auto& file : c.input_images) pictures.push_back(read_image(file));
   if (spec.size_from_picture && !pictures.empty()) {
-    const auto [h, w] = spec.size_from_picture(pictures[0].size(0), pictures[0].size(1));
+    const auto [h, w] =
+        spec.size_from_picture(resolve_model_dir(args), pictures[0].size(0), pictures[0].size(1));
     if (!c.height) c.height = h;
     if (!c.width) c.width = w;
   } else if (spec.task == models::Task::kImageToImage && !c.height && !c.width &&

@@ -385,7 +385,7 @@ std::vector<ModelSpec> model_specs() {
   };
   dev.check_run = check_flux2_run;
   dev.pipeline_classes = {"Flux2Pipeline"};
-  dev.size_from_picture = [](int64_t height, int64_t width) {
+  dev.size_from_picture = [](const fs::path&, int64_t height, int64_t width) {
     const auto [h, w] = reference_size(height, width, 16);
     return std::pair<int, int>(static_cast<int>(h), static_cast<int>(w));
   };
