@@ -56,8 +56,8 @@ void check_case(const std::string& name, c10::ScalarType dtype, double tol) {
     EXPECT_EQ(got.scalar_type(), dtype) << name << " " << key;
     const double e32 = max_rel_error(got.to(at::kFloat), ref.at(key));
     const double e64 = max_rel_error(got.to(at::kDouble), ref.at(key + "_f64"));
-    std::printf("  %-30s %-26s %-9s rel err vs f32 %.3e, vs f64 %.3e\n", name.c_str(),
-                key.c_str(), c10::toString(dtype), e32, e64);
+    std::printf("  %-30s %-26s %-9s rel err vs f32 %.3e, vs f64 %.3e\n", name.c_str(), key.c_str(),
+                c10::toString(dtype), e32, e64);
     EXPECT_LT(e32, tol) << name << " " << key;
     EXPECT_LT(e64, tol) << name << " " << key;
   }
@@ -80,13 +80,14 @@ TEST(SiglipVision, ConfigAndInputErrorsAreNamed) {
       {"c.json", "num_attention_heads"});
   expect_error_containing(
       [] {
-        SiglipVisionConfig::from_json(nlohmann::json::parse(R"({"hidden_act": "tanh"})"),
-                                      "c.json");
+        SiglipVisionConfig::from_json(nlohmann::json::parse(R"({"hidden_act": "tanh"})"), "c.json");
       },
       {"c.json", "hidden_act", "tanh"});
   auto model = load_case("siglip_vision-tiny-s1", at::kFloat);
   expect_error_containing(
-      [&] { model->call("forward", {{"pixel_values", at::zeros({1, 3, 30, 32})}}); },
+      [&] {
+        model->call("forward", {{"pixel_values", at::zeros({1, 3, 30, 32})}});
+      },
       {"pixel_values", "[B, 3, 32, 32]"});
   expect_error_containing([&] { model->call("forward", {}); }, {"pixel_values"});
 }

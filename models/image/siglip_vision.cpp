@@ -33,8 +33,8 @@ SiglipVisionConfig SiglipVisionConfig::from_json(const nlohmann::json& config,
   c.hidden_act = text_encoders::hidden_act_from_name(
       cfg<std::string>(j, "hidden_act", "gelu_pytorch_tanh", path), path + " \"hidden_act\"");
   c.vision_use_head = cfg<bool>(j, "vision_use_head", c.vision_use_head, path);
-  XF_CHECK(c.hidden_size > 0 && c.intermediate_size > 0 && c.num_channels > 0 &&
-               c.image_size > 0 && c.patch_size > 0,
+  XF_CHECK(c.hidden_size > 0 && c.intermediate_size > 0 && c.num_channels > 0 && c.image_size > 0 &&
+               c.patch_size > 0,
            "config ", path, ": sizes must be positive");
   XF_CHECK(c.patch_size <= c.image_size, "config ", path, ": patch_size ", c.patch_size,
            " exceeds image_size ", c.image_size);
@@ -79,14 +79,13 @@ class SiglipPoolingHead : public Module {
     const at::Tensor k = heads(proj(h, 1));
     const at::Tensor v = heads(proj(h, 2));
     // nn.MultiheadAttention scales q by 1 / sqrt(head_dim); the softmax in fp32.
-    const at::Tensor scores =
-        at::matmul(q.to(at::kFloat) / std::sqrt(static_cast<double>(hd)),
-                   k.to(at::kFloat).transpose(-2, -1));  // [B, H, 1, N]
+    const at::Tensor scores = at::matmul(q.to(at::kFloat) / std::sqrt(static_cast<double>(hd)),
+                                         k.to(at::kFloat).transpose(-2, -1));  // [B, H, 1, N]
     const at::Tensor probs = at::softmax(scores, -1).to(v.scalar_type());
     at::Tensor out = at::matmul(probs, v).transpose(1, 2).reshape({b, 1, dim_});
     out = out_proj_->forward(out);
-    const at::Tensor mlp =
-        fc2_->forward(text_encoders::apply_hidden_act(fc1_->forward(layernorm_->forward(out)), act_));
+    const at::Tensor mlp = fc2_->forward(
+        text_encoders::apply_hidden_act(fc1_->forward(layernorm_->forward(out)), act_));
     return (out + mlp).select(1, 0);
   }
 
@@ -126,8 +125,9 @@ SiglipVisionTransformer::Output SiglipVisionTransformer::forward(
   at::Tensor patches;
   if (x.is_cpu() && x.scalar_type() == at::kHalf) {
     // libtorch's CPU conv has no float16 kernel: compute in float32 and round back.
-    patches = at::conv2d(x.to(at::kFloat), w.to(at::kFloat), bias.to(at::kFloat), config_.patch_size)
-                  .to(at::kHalf);
+    patches =
+        at::conv2d(x.to(at::kFloat), w.to(at::kFloat), bias.to(at::kFloat), config_.patch_size)
+            .to(at::kHalf);
   } else {
     patches = at::conv2d(x, w, bias, config_.patch_size);  // [B, d, g, g]
   }
