@@ -1,9 +1,9 @@
 // AutoencoderKLHunyuanVideo15 against diffusers 0.36.0 (fixture hunyuan_video15-vae-tiny-s1: 4
 // blocks at spatial ratio 8 / temporal 4, so both the space-only and the space-and-time
 // resamplers appear; encode of a [1, 3, 5, 16, 24] clip and of one image, decode of an odd
-// [1, 4, 2, 3, 3] latent and of one frame, enable_tiling with 32-pixel / 4-latent tiles: tiled
-// encode and decode) and its own invariants: slicing, forward = decode(encode mode), the
-// registry, bf16, config, tiling and input errors.
+// [1, 4, 2, 3, 3] latent, of one frame and of three, enable_tiling with 32-pixel / 4-latent
+// tiles: tiled encode and decode) and its own invariants: slicing, forward = decode(encode mode),
+// the registry, bf16, config, tiling and input errors.
 #include <unistd.h>
 
 #include <iostream>
@@ -106,6 +106,10 @@ TEST_F(HunyuanVideo15Vae, DecodeEqualsDiffusers) {
   expect_close(out.at("sample"), ref_.at("decode_sample"), "decode [1, 4, 2, 3, 3]");
   expect_close(vae->decode(inputs_.at("z_frame")), ref_.at("decode_frame_sample"),
                "decode one frame [1, 4, 1, 2, 3]");
+  // Three latent frames: the upsamplers' (frame, time-factor) order of the later frames.
+  const at::Tensor z3 = vae->decode(inputs_.at("z3"));
+  EXPECT_EQ(z3.sizes(), (std::vector<int64_t>{1, 3, 9, 16, 16}));
+  expect_close(z3, ref_.at("decode_z3_sample"), "decode three frames [1, 4, 3, 2, 2]");
 }
 
 TEST_F(HunyuanVideo15Vae, TiledEncodeAndDecodeEqualDiffusers) {

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -124,9 +125,11 @@ TEST_F(ParallelHunyuanVideo15Vae, FixtureEqualsOneRankAndDiffusers) {
   auto inputs = read_tensors(case_dir() / "inputs.safetensors");
   auto ref = read_tensors(case_dir() / "output.safetensors");
   // tiled_z has 5 latent rows: uneven bands at NP 2 and 4 (and the fixture's 3-row z at NP 2).
-  for (const char* name : {"z", "tiled_z"}) {
+  const std::map<std::string, std::string> refs = {{"z", "decode_sample"},
+                                                   {"z3", "decode_z3_sample"}};
+  for (const char* name : {"z", "z3", "tiled_z"}) {
     const at::Tensor got = check(*vae, inputs.at(name), name);
-    const std::string want = std::string(name) == "z" ? "decode_sample" : "";
+    const std::string want = refs.count(name) ? refs.at(name) : "";
     if (!want.empty()) {
       const double rel = max_rel_error(got, ref.at(want));
       std::printf("[hunyuan_video15_vae_parallel] rank %d fixture %s vs diffusers: %.2e\n",
