@@ -53,7 +53,6 @@ const std::vector<Planned>& planned_models() {
       {{"SD3.5", "stable-diffusion-3.5-large", "stabilityai/stable-diffusion-3.5-large",
         "stabilityai/stable-diffusion-3-medium-diffusers"},
        "Stable Diffusion 3 / 3.5 (text-to-image)"},
-      {{"HunyuanVideo-1.5", "tencent/HunyuanVideo-1.5"}, "HunyuanVideo-1.5 (text/image-to-video)"},
   };
   return planned;
 }

@@ -284,6 +284,11 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
                                                       : parallel::choose_text_mode(text_len, sp);
   const int64_t local_text = parallel::local_text_tokens(text_mode, text_len, sp);
   const int64_t sent_text = cross ? 0 : local_text;  // text rows travelling between stages
+  // Per-token conditioning channels (HunyuanVideo-1.5's image-condition latents and mask): the
+  // channels of in.tokens past the latents' are appended to every patch's latents.
+  const int64_t cond_channels = in.tokens.defined() ? in.tokens.size(2) - channels : 0;
+  XF_CHECK(cond_channels >= 0, "PipeFusion: tokens have ", in.tokens.size(2),
+           " channels, fewer than the latents' ", channels);
   // Reference tokens (input pictures): the last refs rows of in.tokens / in.token_ids.
   const int64_t refs = in.reference_tokens, image_tokens = rows_ * cols_;
   at::Tensor ref_tokens, ref_ids;
@@ -367,7 +372,13 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
         latents_in_.pop_front();
       }
       auto x = latents.narrow(1, pt.begin, pt.tokens).repeat({branches, 1, 1});  // [B', n, C]
-      if (refs > 0) x = at::cat({x, ref_tokens.to(x.scalar_type())}, 1);         // [B', n + R, C]
+      if (cond_channels > 0) {
+        x = at::cat({x, in.tokens.narrow(1, pt.begin, pt.tokens)
+                            .narrow(2, channels, cond_channels)
+                            .to(x.scalar_type())},
+                    2);
+      }
+      if (refs > 0) x = at::cat({x, ref_tokens.to(x.scalar_type())}, 1);  // [B', n + R, C]
       local.tokens = pt.shard->shard(x, 1, sp_rank);
     }
     DiTActivations st = model_.embed(local);

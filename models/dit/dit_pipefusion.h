@@ -115,7 +115,9 @@ class PipeFusion {
 
   // Denoising step `index` on this rank's stage. `in`: the model inputs of the whole image with
   // the model batch B' = branches * B (`tokens` unused: the patches come from `latents`,
-  // repeated `branches` times along the batch; with in.reference_tokens = R > 0, in.tokens
+  // repeated `branches` times along the batch; channels of in.tokens [B', N, C + Cc] past the
+  // latents' C are per-token conditioning appended to every patch; with
+  // in.reference_tokens = R > 0, in.tokens
   // [B', N + R, C] holds the reference tokens in its last R rows and in.token_ids [N + R, A]
   // their ids). `latents` [B, N, C]: read by stage 0, updated
   // by the last stage; after the last step every rank holds the final latents.

@@ -1,5 +1,8 @@
-// The HunyuanVideo-1.5 family: HunyuanVideo15Transformer3DModel for the component and DiT
-// registries. The pipeline (and with it the ModelSpecs and the tiny layout) comes later.
+// The HunyuanVideo-1.5 family: HunyuanVideo-1.5 (text to video) and HunyuanVideo-1.5-I2V
+// (HunyuanVideo15Pipeline / HunyuanVideo15ImageToVideoPipeline),
+// HunyuanVideo15Transformer3DModel and AutoencoderKLHunyuanVideo15.
+#include "models/hunyuan_video15/hunyuan_video15_pipeline.h"
+#include "models/hunyuan_video15/hunyuan_video15_vae.h"
 #include "models/hunyuan_video15/register.h"
 #include "models/registry.h"
 
@@ -8,7 +11,11 @@ namespace xfuser::models::hunyuan_video15 {
 void register_family() {
   Family family;
   family.name = "hunyuan_video15";
-  family.register_components = [] { register_hunyuan_video15_components(); };
+  family.models = model_specs();
+  family.register_components = [] {
+    register_hunyuan_video15_components();
+    register_hunyuan_video15_vae_components();
+  };
   FamilyRegistry::add(std::move(family));
 }
 
