@@ -8,6 +8,7 @@
 #include <map>
 #include <queue>
 #include <set>
+#include <stdexcept>
 
 #include <unicode/locid.h>
 #include <unicode/normalizer2.h>
@@ -979,6 +980,119 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_dir(const std::filesystem::path
   XF_CHECK(std::filesystem::exists(file), "tokenizer folder ", dir, " has no tokenizer.json");
   auto tokenizer = std::make_unique<BpeTokenizer>(read_json_file(file), file);
   tokenizer->source_ = dir.string();
+  read_folder_config(*tokenizer, dir, tokenizer_class);
+  return tokenizer;
+}
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_qwen2_slow_dir(
+    const std::filesystem::path& dir, const std::string& tokenizer_class) {
+  XF_CONTEXT("loading the slow Qwen2Tokenizer files in ", dir);
+  const std::filesystem::path vocab_file = dir / "vocab.json";
+  const std::filesystem::path merges_file = dir / "merges.txt";
+  const std::filesystem::path config_file = dir / "tokenizer_config.json";
+  XF_CHECK(std::filesystem::exists(vocab_file), "tokenizer folder ", dir,
+           " has no vocab.json (a Qwen2Tokenizer without tokenizer.json needs vocab.json + "
+           "merges.txt)");
+  XF_CHECK(std::filesystem::exists(merges_file), "tokenizer folder ", dir,
+           " has no merges.txt (a Qwen2Tokenizer without tokenizer.json needs vocab.json + "
+           "merges.txt)");
+  Json vocab = read_json_file(vocab_file);
+  XF_CHECK(vocab.is_object(), vocab_file.string(), " must be an object of token -> id");
+  for (const auto& [token, id] : vocab.items()) {
+    XF_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, vocab_file.string(), ": the id of '",
+             token, "' is not a non-negative integer");
+  }
+
+  // Qwen2Tokenizer.__init__: lines stripped, a leading "#version:" line and empty lines skipped,
+  // each merge is line.split() (two tokens).
+  Json merges = Json::array();
+  {
+    std::ifstream in(merges_file, std::ios::binary);
+    XF_CHECK(in.good(), "cannot open ", merges_file);
+    std::string line;
+    for (size_t number = 1; std::getline(in, line); ++number) {
+      const auto is_space = [](char c) {
+        return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f';
+      };
+      std::vector<std::string> parts;
+      for (size_t i = 0; i < line.size();) {
+        while (i < line.size() && is_space(line[i])) ++i;
+        size_t j = i;
+        while (j < line.size() && !is_space(line[j])) ++j;
+        if (j > i) parts.push_back(line.substr(i, j - i));
+        i = j;
+      }
+      if (parts.empty() || (number == 1 && parts[0].rfind("#version:", 0) == 0)) continue;
+      XF_CHECK(parts.size() == 2, merges_file.string(), ":", number, ": '", line,
+               "' is not two tokens separated by white space");
+      for (const auto& part : parts) {
+        XF_CHECK(vocab.contains(part), merges_file.string(), ":", number, ": '", part,
+                 "' is not in vocab.json");
+      }
+      XF_CHECK(vocab.contains(parts[0] + parts[1]), merges_file.string(), ":", number,
+               ": the merged token '", parts[0] + parts[1], "' is not in vocab.json");
+      merges.push_back(Json::array({parts[0], parts[1]}));
+    }
+  }
+
+  // transformers' Qwen2Converter.
+  Json json;
+  json["normalizer"] = {{"type", "NFC"}};
+  json["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       Json::array(
+           {{{"type", "Split"},
+             {"pattern",
+              {{"Regex",
+                R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
+             {"behavior", "Isolated"},
+             {"invert", false}},
+            {{"type", "ByteLevel"},
+             {"add_prefix_space", false},
+             {"trim_offsets", true},
+             {"use_regex", false}}})}};
+  json["post_processor"] = {{"type", "ByteLevel"},
+                            {"add_prefix_space", true},
+                            {"trim_offsets", false},
+                            {"use_regex", true}};
+  json["model"] = {
+      {"type", "BPE"},          {"unk_token", nullptr},      {"fuse_unk", false},
+      {"byte_fallback", false}, {"vocab", std::move(vocab)}, {"merges", std::move(merges)}};
+  // The slow tokenizer keeps added_tokens_decoder's ids as written.
+  json["added_tokens"] = Json::array();
+  if (std::filesystem::exists(config_file)) {
+    const Json config = read_json_file(config_file);
+    XF_CHECK(config.is_object(), config_file.string(), " must be an object");
+    if (const auto it = config.find("added_tokens_decoder");
+        it != config.end() && it->is_object()) {
+      for (const auto& [id_text, entry] : it->items()) {
+        const std::string path = "added_tokens_decoder." + id_text;
+        XF_CHECK(entry.is_object(), bpe_detail::where(config_file, path), " must be an object");
+        Json token = entry;
+        try {
+          size_t used = 0;
+          token["id"] = std::stoll(id_text, &used);
+          if (used != id_text.size()) throw std::invalid_argument(id_text);
+        } catch (const std::exception&) {
+          XF_THROW(bpe_detail::where(config_file, path), ": the id is not an integer");
+        }
+        XF_CHECK(token.contains("content") && token["content"].is_string() &&
+                     !token["content"].get<std::string>().empty(),
+                 bpe_detail::where(config_file, path), " needs a non-empty string 'content'");
+        json["added_tokens"].push_back(std::move(token));
+      }
+    }
+  }
+  auto tokenizer = std::make_unique<BpeTokenizer>(json, vocab_file);
+  tokenizer->source_ = dir.string();
+  read_folder_config(*tokenizer, dir, tokenizer_class);
+  return tokenizer;
+}
+
+void BpeTokenizer::read_folder_config(BpeTokenizer& tok, const std::filesystem::path& dir,
+                                      const std::string& tokenizer_class) {
+  BpeTokenizer* tokenizer = &tok;
   const TokenizerFolder folder = TokenizerFolder::read(dir);
   const std::filesystem::path config_file = dir / "tokenizer_config.json";
 
@@ -1123,7 +1237,6 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_dir(const std::filesystem::path
     tokenizer->template_.push_back({true, {}});
     if (add_eos) tokenizer->template_.push_back({false, {*tokenizer->eos_id_}});
   }
-  return tokenizer;
 }
 
 }  // namespace xfuser::models::tokenizers

@@ -63,6 +63,13 @@ class BpeTokenizer : public Tokenizer {
   // the class it loads, e.g. LlamaTokenizerFast).
   static std::unique_ptr<BpeTokenizer> from_dir(const std::filesystem::path& dir,
                                                 const std::string& tokenizer_class = "");
+  // Qwen2's slow tokenizer files (vocab.json + merges.txt + tokenizer_config.json, no
+  // tokenizer.json, as save_pretrained of transformers' Qwen2Tokenizer writes them): the same
+  // tokenizer as transformers' Qwen2Converter builds from them (NFC, Qwen2's pre-tokenizer regex,
+  // byte-level BPE by merge rank, no unk), with added_tokens_decoder's tokens at their ids; the
+  // rest as from_dir. Equal to the slow Qwen2Tokenizer of transformers 4.57.1.
+  static std::unique_ptr<BpeTokenizer> from_qwen2_slow_dir(const std::filesystem::path& dir,
+                                                           const std::string& tokenizer_class = "");
 
   std::string kind() const override { return "bpe"; }
   std::vector<int64_t> text_ids(const std::string& text) const override;
@@ -88,6 +95,9 @@ class BpeTokenizer : public Tokenizer {
     std::vector<int64_t> ids;  // the special token's ids
   };
 
+  // from_dir's reading of tokenizer_config.json / special_tokens_map.json.
+  static void read_folder_config(BpeTokenizer& tokenizer, const std::filesystem::path& dir,
+                                 const std::string& tokenizer_class);
   void add_token(Added token);  // tokenizers' AddedVocabulary::add_tokens for one token
   void refresh_added();
   std::vector<Segment> split_added(const std::string& text, bool normalized) const;

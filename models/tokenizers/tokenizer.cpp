@@ -90,6 +90,13 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir,
   XF_CHECK(cls.empty() || !starts_with("T5Tokenizer"), "tokenizer folder ", dir,
            ": tokenizer_class ", cls, " needs spiece.model");
   if (fs::exists(dir / "tokenizer.json")) return BpeTokenizer::from_dir(dir, tokenizer_class);
+  // Qwen2Tokenizer's save_pretrained writes no tokenizer.json: build it from the slow files.
+  if (starts_with("Qwen2Tokenizer")) {
+    XF_CHECK(fs::exists(dir / "vocab.json") || fs::exists(dir / "merges.txt"), "tokenizer folder ",
+             dir, ": tokenizer_class ", cls,
+             " needs tokenizer.json or vocab.json + merges.txt (it has none of them)");
+    return BpeTokenizer::from_qwen2_slow_dir(dir, tokenizer_class);
+  }
   XF_THROW("tokenizer folder ", dir,
            " has neither vocab.json + merges.txt (CLIP), spiece.model (T5), tokenizer.json nor "
            "a ByT5Tokenizer tokenizer_class in tokenizer_config.json",
