@@ -1,4 +1,5 @@
-// HunyuanVideo15Pipeline (HunyuanVideo-1.5 text to video): the programmatic API ends on
+// HunyuanVideo15Pipeline (HunyuanVideo-1.5 text to video) and its image-to-video pipeline: the
+// programmatic API ends on
 // diffusers 0.36.0's final latents (and decoded video) for one prompt with a quoted text (ByT5
 // glyphs) under the folder's guider (CFG against ""), and for two prompts with negative prompts;
 // xfuser-run on the diffusers-made folder (--model_path alone picks HunyuanVideo-1.5) writes the
@@ -28,6 +29,12 @@ TEST(HunyuanVideo15Pipeline, FinalLatentsEqualDiffusers) {
   xfuser::testing::check_pipeline("hunyuan_video15-tiny");
 }
 
+TEST(HunyuanVideo15Pipeline, ImageToVideoFinalLatentsEqualDiffusers) {
+  // A 70x40 picture: the 48x32 bucket of target_size 48, resized to cover and cropped; SigLIP
+  // embeddings, the first-frame latent condition and meanflow's timestep_r.
+  xfuser::testing::check_pipeline("hunyuan_video15-i2v-tiny");
+}
+
 class HunyuanVideo15Run : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -53,10 +60,9 @@ class HunyuanVideo15Run : public ::testing::Test {
                       " --prompt " + list(c["prompt"]);
     if (!c["negative_prompt"].is_null()) cmd += " --negative_prompt " + list(c["negative_prompt"]);
     return cmd + " --height 32 --width 48 --num_frames " + std::to_string(frames) +
-           " --fps 8 --num_inference_steps " +
-           std::to_string(c["num_inference_steps"].get<int>()) + " --guidance_scale " +
-           std::to_string(c["guidance_scale"].get<double>()) + " --dtype fp32 --latents " +
-           (refs_ / case_name / "latents.safetensors").string() +
+           " --fps 8 --num_inference_steps " + std::to_string(c["num_inference_steps"].get<int>()) +
+           " --guidance_scale " + std::to_string(c["guidance_scale"].get<double>()) +
+           " --dtype fp32 --latents " + (refs_ / case_name / "latents.safetensors").string() +
            " --save_latents --output_directory " + out + " " + extra;
   }
   static at::Tensor final_latents(const fs::path& dir, const std::string& name) {
@@ -115,14 +121,14 @@ TEST_F(HunyuanVideo15Run, EveryParallelLayoutEndsOnTheSerialLatents) {
     int np;
     std::string flags, tag;
   };
-  for (const auto& l : std::vector<Layout>{
-           {2, "--ulysses_degree 2", "u2r1"},
-           {2, "--ring_degree 2", "u1r2"},
-           {2, "--use_cfg_parallel", "u1r1_cfg2"},
-           {2, "--tensor_parallel_degree 2", "u1r1_tp2"},
-           {2, "--data_parallel_degree 2", "u1r1_dp2"},
-           {4, "--ulysses_degree 2 --ring_degree 2", "u2r2"},
-           {4, "--ulysses_degree 2 --use_cfg_parallel", "u2r1_cfg2"}}) {
+  for (const auto& l :
+       std::vector<Layout>{{2, "--ulysses_degree 2", "u2r1"},
+                           {2, "--ring_degree 2", "u1r2"},
+                           {2, "--use_cfg_parallel", "u1r1_cfg2"},
+                           {2, "--tensor_parallel_degree 2", "u1r1_tp2"},
+                           {2, "--data_parallel_degree 2", "u1r1_dp2"},
+                           {4, "--ulysses_degree 2 --ring_degree 2", "u2r2"},
+                           {4, "--ulysses_degree 2 --use_cfg_parallel", "u2r1_cfg2"}}) {
     SCOPED_TRACE(l.flags);
     TempDir out;
     ASSERT_EQ(
@@ -143,14 +149,13 @@ TEST_F(HunyuanVideo15Run, PipeFusionIsExactWithFullWarmupUnderCfgParallel) {
   TempDir serial, full, stale;
   std::string log;
   ASSERT_EQ(run_command(command("t2v", serial.path().string()), &log), 0) << log;
-  const at::Tensor want =
-      final_latents(serial.path(), "HunyuanVideo-1.5_u1r1_tc_False_32x48_0");
-  ASSERT_EQ(run_command(mpirun_prefix(4) +
-                            command("t2v", full.path().string(),
-                                    "--pipefusion_parallel_degree 2 --use_cfg_parallel "
-                                    "--pipefusion_warmup_steps 3"),
-                        &log),
-            0)
+  const at::Tensor want = final_latents(serial.path(), "HunyuanVideo-1.5_u1r1_tc_False_32x48_0");
+  ASSERT_EQ(
+      run_command(mpirun_prefix(4) + command("t2v", full.path().string(),
+                                             "--pipefusion_parallel_degree 2 --use_cfg_parallel "
+                                             "--pipefusion_warmup_steps 3"),
+                  &log),
+      0)
       << log;
   const std::string name = "HunyuanVideo-1.5_u1r1_pp2_cfg2_tc_False_32x48_0";
   const double rel = xfuser::testing::max_rel_error(final_latents(full.path(), name), want);
@@ -187,19 +192,51 @@ TEST_F(HunyuanVideo15Run, ParallelVaeDecodesTheSerialFrames) {
     char suffix[32];
     std::snprintf(suffix, sizeof(suffix), "_frame%04d.png", k);
     const at::Tensor a =
-        xfuser::runner::read_png(serial / ("HunyuanVideo-1.5_u1r1_tc_False_32x48_0" +
-                                           std::string(suffix)))
+        xfuser::runner::read_png(serial /
+                                 ("HunyuanVideo-1.5_u1r1_tc_False_32x48_0" + std::string(suffix)))
             .to(at::kInt);
-    const at::Tensor b =
-        xfuser::runner::read_png(par / ("HunyuanVideo-1.5_u2r1_tc_False_32x48_0" +
-                                        std::string(suffix)))
-            .to(at::kInt);
+    const at::Tensor b = xfuser::runner::read_png(
+                             par / ("HunyuanVideo-1.5_u2r1_tc_False_32x48_0" + std::string(suffix)))
+                             .to(at::kInt);
     ASSERT_EQ(a.sizes(), b.sizes());
     worst = std::max(worst, (a - b).abs().max().item<int>());
   }
-  std::printf("[hv15 run] --use_parallel_vae on 2 ranks vs serial frames: max %d levels\n",
-              worst);
+  std::printf("[hv15 run] --use_parallel_vae on 2 ranks vs serial frames: max %d levels\n", worst);
   EXPECT_LE(worst, 1);
+}
+
+TEST_F(HunyuanVideo15Run, ImageToVideoFromAPictureFile) {
+  // --model_path alone picks HunyuanVideo-1.5-I2V; no --height / --width: the picture's bucket.
+  const fs::path folder = pipelines_ / "hunyuan_video15-i2v-tiny";
+  const fs::path ref = pipelines_ / "hunyuan_video15-i2v-tiny.ref" / "i2v";
+  XF_REQUIRE_FIXTURE(ref);
+  std::ifstream in(ref / "case.json");
+  const auto c = nlohmann::json::parse(in);
+  const std::string cmd = bin_ + " --model_path " + folder.string() + " --prompt " +
+                          quoted(c["prompt"].get<std::string>()) + " --input_images " +
+                          (ref / "input.png").string() +
+                          " --num_frames 5 --num_inference_steps 3 --guidance_scale 6 --dtype "
+                          "fp32 --save_latents --latents " +
+                          (ref / "latents.safetensors").string() + " --output_directory ";
+  const at::Tensor want = SafetensorsFile((ref / "final.safetensors").string()).get("latents");
+  struct Layout {
+    int np;
+    std::string flags, tag;
+  };
+  for (const auto& l : std::vector<Layout>{{1, "", "u1r1"},
+                                           {2, "--ulysses_degree 2 --use_parallel_vae", "u2r1"},
+                                           {2, "--use_cfg_parallel", "u1r1_cfg2"}}) {
+    SCOPED_TRACE(l.flags);
+    TempDir out;
+    std::string log;
+    const std::string prefix = l.np > 1 ? mpirun_prefix(l.np) : "";
+    ASSERT_EQ(run_command(prefix + cmd + out.path().string() + " " + l.flags, &log), 0) << log;
+    const std::string name = "HunyuanVideo-1.5-I2V_" + l.tag + "_tc_False_32x48_0";
+    ASSERT_TRUE(fs::exists(out / (name + ".mp4"))) << log;
+    const double rel = xfuser::testing::max_rel_error(final_latents(out.path(), name), want);
+    std::printf("[hv15 i2v] %-40s vs diffusers %.2e\n", l.flags.c_str(), rel);
+    EXPECT_LE(rel, 1e-4);
+  }
 }
 
 TEST_F(HunyuanVideo15Run, BadFlagsAreNamed) {
@@ -212,12 +249,11 @@ TEST_F(HunyuanVideo15Run, BadFlagsAreNamed) {
   EXPECT_NE(run_command(command("t2v", out.path().string(), "--input_images x.png"), &log), 0);
   EXPECT_NE(log.find("--input_images"), std::string::npos) << log;
   // PipeFusion with the two CFG branches in one batch: their text masks differ.
-  EXPECT_NE(run_command(mpirun_prefix(2) + command("t2v", out.path().string(),
-                                                   "--pipefusion_parallel_degree 2"),
+  EXPECT_NE(run_command(mpirun_prefix(2) +
+                            command("t2v", out.path().string(), "--pipefusion_parallel_degree 2"),
                         &log),
             0);
-  EXPECT_NE(log.find("--pipefusion_parallel_degree takes no text mask"), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("--pipefusion_parallel_degree takes no text mask"), std::string::npos) << log;
 }
 
 }  // namespace

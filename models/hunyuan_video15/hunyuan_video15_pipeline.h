@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "models/dit/dit_pipeline.h"
-#include "models/image/clip_image_processor.h"
 #include "models/hunyuan_video15/hunyuan_video15_prompt.h"
+#include "models/image/clip_image_processor.h"
 #include "models/registry.h"
 
 namespace xfuser::models {
@@ -57,8 +57,8 @@ class AutoencoderKLHunyuanVideo15;
 // HunyuanVideo15ImageProcessor.calculate_default_height_width: the (height, width) of the
 // aspect-ratio bucket (generate_crop_size_list(target_size, multiple)) closest to height / width
 // on the side of its orientation.
-std::pair<int64_t, int64_t> default_height_width(int64_t height, int64_t width,
-                                                 int64_t target_size, int64_t multiple = 16);
+std::pair<int64_t, int64_t> default_height_width(int64_t height, int64_t width, int64_t target_size,
+                                                 int64_t multiple = 16);
 // VaeImageProcessor.resize(resize_mode="crop"): uint8 [H, W, 3] resized (Lanczos) to cover
 // height x width, center-cropped.
 at::Tensor resize_and_crop(const at::Tensor& picture, int64_t height, int64_t width);
