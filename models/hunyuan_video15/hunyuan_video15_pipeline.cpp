@@ -10,11 +10,13 @@
 
 #include "backends/error.h"
 #include "models/common/component.h"
+#include "models/common/pipeline_cache.h"
 #include "models/dit/dit_checks.h"
 #include "models/hunyuan_video/hunyuan_video_transformer.h"
 #include "models/hunyuan_video15/hunyuan_video15_transformer.h"
 #include "models/hunyuan_video15/hunyuan_video15_vae.h"
 #include "models/hunyuan_video15/hunyuan_video15_vae_parallel.h"
+#include "models/hunyuan_video15/tiny_hunyuan_video15.h"
 #include "models/image/pil_resize.h"
 #include "models/image/siglip_vision.h"
 #include "models/schedulers/flow_match_euler.h"
@@ -41,8 +43,8 @@ bool listed(const nlohmann::json& index, const char* name) {
 
 }  // namespace
 
-std::pair<int64_t, int64_t> default_height_width(int64_t height, int64_t width,
-                                                 int64_t target_size, int64_t multiple) {
+std::pair<int64_t, int64_t> default_height_width(int64_t height, int64_t width, int64_t target_size,
+                                                 int64_t multiple) {
   XF_CHECK(height > 0 && width > 0 && target_size >= multiple && multiple > 0,
            "default_height_width: bad sizes ", height, "x", width, ", target ", target_size);
   // generate_crop_size_list(base_size=target_size, patch_size=multiple, max_ratio=4.0)
@@ -74,8 +76,8 @@ std::pair<int64_t, int64_t> default_height_width(int64_t height, int64_t width,
       best_diff = std::abs(diff);
     }
   }
-  XF_CHECK(best >= 0, "no aspect-ratio bucket of target size ", target_size, " fits a ", width,
-           "x", height, " picture (more than 4:1)");
+  XF_CHECK(best >= 0, "no aspect-ratio bucket of target size ", target_size, " fits a ", width, "x",
+           height, " picture (more than 4:1)");
   return buckets[static_cast<size_t>(best)];
 }
 
@@ -292,7 +294,8 @@ std::unique_ptr<XFuserModel::State> HunyuanVideo15Model::begin(const GenerationR
   state->latent_f = latent_f;
   state->latent_h = request.height / vae_scale_spatial_;
   state->latent_w = request.width / vae_scale_spatial_;
-  if (i2v_) state->picture = resize_and_crop(request.input_images[0], request.height, request.width);
+  if (i2v_)
+    state->picture = resize_and_crop(request.input_images[0], request.height, request.width);
   const int n = request.num_inference_steps;
   for (int i = 0; i < n && !state->any_cfg; ++i) {
     state->any_cfg = guider_.cfg_enabled(request.guidance_scale, i, n);
@@ -366,8 +369,9 @@ void HunyuanVideo15Model::prepare_latents(State& base) {
   const int64_t ch = hv_vae_->config().latent_channels;
   const auto options = s.positive.mllm.embeds.options().dtype(hv_transformer_->dtype());
   // prepare_latents: randn in the transformer's dtype (drawn in float32 from the seeds, cast).
-  s.initial_latents = initial_noise(req, {b, ch, s.latent_f, s.latent_h, s.latent_w}, options,
-                                    "HunyuanVideo15Pipeline latents: [B, C, (F-1)/4+1, H/16, W/16]");
+  s.initial_latents =
+      initial_noise(req, {b, ch, s.latent_f, s.latent_h, s.latent_w}, options,
+                    "HunyuanVideo15Pipeline latents: [B, C, (F-1)/4+1, H/16, W/16]");
   s.tokens =
       HunyuanVideoTransformer3DModel::patchify(s.initial_latents, c.patch_size_t, c.patch_size);
   // t2v: zero image-condition latents and a zero mask, zero image embeddings.
@@ -472,10 +476,10 @@ MemoryEstimate check_hunyuan_video15_run(const fs::path& dir, const RunLayout& r
   const HunyuanVideo15Config config =
       HunyuanVideo15Config::from_json(transformer.config, transformer.config_path);
   const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
-  const int64_t temporal = cfg<int64_t>(vae_folder.config, "temporal_compression_ratio", 4,
-                                        vae_folder.config_path);
-  const int64_t spatial = cfg<int64_t>(vae_folder.config, "spatial_compression_ratio", 16,
-                                       vae_folder.config_path);
+  const int64_t temporal =
+      cfg<int64_t>(vae_folder.config, "temporal_compression_ratio", 4, vae_folder.config_path);
+  const int64_t spatial =
+      cfg<int64_t>(vae_folder.config, "spatial_compression_ratio", 16, vae_folder.config_path);
   XF_CHECK(run.num_frames >= 1 && (run.num_frames - 1) % temporal == 0, "--num_frames ",
            run.num_frames, " is not ", temporal,
            "k + 1 frames, which the HunyuanVideo-1.5 VAE needs (", vae_folder.config_path, ")");
@@ -507,9 +511,8 @@ std::vector<ModelSpec> model_specs() {
   // The contract: 720x1280, 121 frames, 50 steps, 24 fps; guidance 6 and the pipeline's 1000
   // Qwen tokens.
   hv.defaults = {720, 1280, 50, 6.0, 1000, 121, 24, 0.0};
-  hv.options = {"--negative_prompt", "--guidance_scale", "--max_sequence_length",
-                "--enable_tiling",   "--enable_slicing", "--num_frames",
-                "--flow_shift",      "--fps"};
+  hv.options = {"--negative_prompt", "--guidance_scale", "--max_sequence_length", "--enable_tiling",
+                "--enable_slicing",  "--num_frames",     "--flow_shift",          "--fps"};
   hv.parallelism.ulysses = true;
   hv.parallelism.ring = true;
   hv.parallelism.cfg_parallel = true;
@@ -549,7 +552,24 @@ std::vector<ModelSpec> model_specs() {
     const auto [h, w] = default_height_width(height, width, config.target_size, spatial);
     return std::pair<int, int>(static_cast<int>(h), static_cast<int>(w));
   };
-  return {hv, i2v};
+
+  ModelSpec tiny = hv;
+  tiny.id = "tiny-hunyuan-video15";
+  tiny.aliases = {};
+  tiny.hf_repo = "";
+  tiny.defaults = {32, 48, 4, 6.0, 1000, 5, 24, 0.0};
+  tiny.maturity = "embedded";
+  tiny.description =
+      "Built-in HunyuanVideo-1.5 architecture (Qwen2.5-VL text, ByT5, "
+      "HunyuanVideo15Transformer3DModel, AutoencoderKLHunyuanVideo15) with seeded random weights "
+      "(`xfuser make-tiny --arch hunyuan-video15`); noise-like videos, for tests";
+  tiny.pipeline_classes = {};
+  tiny.embedded_dir = [] {
+    return ensure_cached_pipeline("tiny-hunyuan-video15-v1-seed0", [](const fs::path& dir) {
+      write_tiny_hunyuan_video15(dir, 0, /*image_to_video=*/false);
+    });
+  };
+  return {hv, i2v, tiny};
 }
 
 }  // namespace xfuser::models::hunyuan_video15
