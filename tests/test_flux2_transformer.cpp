@@ -163,8 +163,9 @@ TEST_F(Flux2Test, ParameterNamesAndShapesMatchDiffusers) {
     std::map<std::string, std::vector<int64_t>> ours, theirs;
     for (const auto& [n, slot] : model.named_parameters()) ours[n] = slot->shape;
     for (const auto& n : weights.names()) {
-      auto sizes = weights.get(n).sizes();
-      theirs[n] = std::vector<int64_t>(sizes.begin(), sizes.end());
+      // The tensor must outlive its sizes() view.
+      const at::Tensor t = weights.get(n);
+      theirs[n] = t.sizes().vec();
     }
     EXPECT_EQ(ours, theirs);
     // No biases anywhere.
