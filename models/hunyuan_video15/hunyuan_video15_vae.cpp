@@ -11,6 +11,7 @@
 #include "backends/attention.h"
 #include "backends/error.h"
 #include "backends/tensor_util.h"
+#include "models/vae/tile_blend.h"
 #include "models/vae/vae_blocks.h"
 #include "models/weights/component_folder.h"
 
@@ -61,23 +62,8 @@ at::Tensor group_mean(const at::Tensor& x, int64_t groups) {
   return x.reshape(shape).mean(2);
 }
 
-// diffusers' blend_v / blend_h (dim 3 / 4): the first `extent` slices of b become a's last ones
-// * (1 - y / extent) + b's * (y / extent), in place, one slice at a time.
-void blend(const at::Tensor& a, at::Tensor& b, int64_t dim, int64_t extent) {
-  extent = std::min({a.size(dim), b.size(dim), extent});
-  for (int64_t y = 0; y < extent; ++y) {
-    const double wb = static_cast<double>(y) / static_cast<double>(extent);
-    at::Tensor by = b.select(dim, y);
-    by.copy_(a.select(dim, a.size(dim) - extent + y) * (1.0 - wb) + by * wb);
-  }
-}
-
-// x[..., start : start + len] along `dim`, clipped as Python slicing clips.
-at::Tensor slice(const at::Tensor& x, int64_t dim, int64_t start, int64_t len) {
-  const int64_t n = x.size(dim);
-  start = std::min(start, n);
-  return x.narrow(dim, start, std::min(len, n - start));
-}
+using vae::blend;  // models/vae/tile_blend.h
+using vae::slice;
 
 }  // namespace
 
