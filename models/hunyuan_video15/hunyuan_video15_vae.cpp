@@ -13,6 +13,7 @@
 #include "backends/tensor_util.h"
 #include "models/vae/tile_blend.h"
 #include "models/vae/vae_blocks.h"
+#include "models/vae/video_checks.h"
 #include "models/weights/component_folder.h"
 
 namespace xfuser::models::hunyuan_video15 {
@@ -591,28 +592,12 @@ void AutoencoderKLHunyuanVideo15::set_tiling(const HunyuanVideo15VAETiling& t) {
 }
 
 void AutoencoderKLHunyuanVideo15::check_video(const std::string& what, const at::Tensor& x) const {
-  XF_CHECK(x.defined(), "AutoencoderKLHunyuanVideo15: ", what, " is undefined");
-  XF_CHECK(x.dim() == 5 && x.size(0) > 0 && x.size(1) == config_.in_channels && x.size(2) > 0 &&
-               x.size(3) > 0 && x.size(4) > 0,
-           "AutoencoderKLHunyuanVideo15: ", what, " has shape ", shape_string(x.sizes()),
-           ", expected [B, ", config_.in_channels, " (in_channels), F, H, W]");
-  XF_CHECK((x.size(2) - 1) % config_.temporal_compression_ratio == 0,
-           "AutoencoderKLHunyuanVideo15: ", what, " has ", x.size(2), " frames (shape ",
-           shape_string(x.sizes()), "); encode needs 1 + ", config_.temporal_compression_ratio,
-           "k frames (the causal first frame, then groups of ", config_.temporal_compression_ratio,
-           ")");
-  XF_CHECK(x.is_floating_point(), "AutoencoderKLHunyuanVideo15: ", what,
-           " must be a floating-point tensor, got ", x.scalar_type());
+  vae::check_video_input("AutoencoderKLHunyuanVideo15", what, x, config_.in_channels,
+                         config_.temporal_compression_ratio);
 }
 
 void AutoencoderKLHunyuanVideo15::check_latent(const std::string& what, const at::Tensor& z) const {
-  XF_CHECK(z.defined(), "AutoencoderKLHunyuanVideo15: ", what, " is undefined");
-  XF_CHECK(z.dim() == 5 && z.size(0) > 0 && z.size(1) == config_.latent_channels && z.size(2) > 0 &&
-               z.size(3) > 0 && z.size(4) > 0,
-           "AutoencoderKLHunyuanVideo15: ", what, " has shape ", shape_string(z.sizes()),
-           ", expected [B, ", config_.latent_channels, " (latent_channels), f, h, w]");
-  XF_CHECK(z.is_floating_point(), "AutoencoderKLHunyuanVideo15: ", what,
-           " must be a floating-point tensor, got ", z.scalar_type());
+  vae::check_video_latent("AutoencoderKLHunyuanVideo15", what, z, config_.latent_channels);
 }
 
 // --- encode ------------------------------------------------------------------------------------
