@@ -10,10 +10,10 @@ void check_video_input(const std::string& cls, const std::string& what, const at
   XF_CHECK(x.defined(), cls, ": ", what, " is undefined");
   XF_CHECK(x.dim() == 5 && x.size(0) > 0 && x.size(1) == in_channels && x.size(2) > 0 &&
                x.size(3) > 0 && x.size(4) > 0,
-           cls, ": ", what, " has shape ", shape_string(x.sizes()), ", expected [B, ",
-           in_channels, " (in_channels), F, H, W]");
-  XF_CHECK((x.size(2) - 1) % temporal == 0, cls, ": ", what, " has ", x.size(2),
-           " frames (shape ", shape_string(x.sizes()), "); encode needs 1 + ", temporal,
+           cls, ": ", what, " has shape ", shape_string(x.sizes()), ", expected [B, ", in_channels,
+           " (in_channels), F, H, W]");
+  XF_CHECK((x.size(2) - 1) % temporal == 0, cls, ": ", what, " has ", x.size(2), " frames (shape ",
+           shape_string(x.sizes()), "); encode needs 1 + ", temporal,
            "k frames (the causal first frame, then groups of ", temporal, ")");
   XF_CHECK(x.is_floating_point(), cls, ": ", what, " must be a floating-point tensor, got ",
            x.scalar_type());
