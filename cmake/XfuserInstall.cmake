@@ -43,6 +43,10 @@ foreach(dir backends models parallel profiling runner)
     FILES_MATCHING PATTERN "*.h")
 endforeach()
 
+# The trained tiny-shapes pipeline (models/flux/tiny_flux.cpp finds it here once installed).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/models/flux/tiny_shapes/
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/xfuser/tiny_shapes)
+
 install(EXPORT xfuserTargets NAMESPACE xfuser:: DESTINATION ${XFUSER_INSTALL_CMAKEDIR})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/xfuserConfig.cmake.in
   ${PROJECT_BINARY_DIR}/xfuserConfig.cmake INSTALL_DESTINATION ${XFUSER_INSTALL_CMAKEDIR})

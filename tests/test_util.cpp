@@ -124,9 +124,9 @@ std::vector<std::string> strings(const nlohmann::json& j) {
 
 }  // namespace
 
-void check_pipeline(const std::string& name) {
+void check_pipeline(const std::string& name, const std::filesystem::path& given_folder) {
   namespace fs = std::filesystem;
-  const fs::path folder = fixtures_dir() / "pipelines" / name;
+  const fs::path folder = given_folder.empty() ? fixtures_dir() / "pipelines" / name : given_folder;
   const fs::path refs = fixtures_dir() / "pipelines" / (name + ".ref");
   XF_REQUIRE_FIXTURE(folder);
   XF_REQUIRE_FIXTURE(refs);

@@ -58,7 +58,9 @@ std::map<std::string, at::Tensor> read_tensors(const std::filesystem::path& path
 // image.safetensors: its decoded output; input.png: the picture, if any) on the folder
 // pipelines/<name>/ (the model from its model_index.json), fp32: the final latents within 1e-4
 // relative and the decoded pixels within 1 level (gtest failures).
-void check_pipeline(const std::string& name);
+// `folder`, when given, is the pipeline folder instead of pipelines/<name>/ (a committed model
+// outside the fixtures, as tiny-shapes).
+void check_pipeline(const std::string& name, const std::filesystem::path& folder = {});
 
 // Fails unless `fn` throws an xfuser::Error whose text contains every needle.
 void expect_error_containing(const std::function<void()>& fn,

@@ -17,7 +17,9 @@ void register_family() {
   family.name = "flux";
   family.models = model_specs();
   for (auto& spec : family.models) {
-    if (spec.maturity == "embedded") {
+    if (spec.id == "tiny-shapes") {
+      spec.embedded_dir = [] { return tiny_shapes_dir(); };
+    } else if (spec.maturity == "embedded") {
       spec.embedded_dir = [] { return ensure_tiny_flux(0); };
     } else {
       spec.pipeline_classes = {spec.task == Task::kImageToImage ? "FluxKontextPipeline"

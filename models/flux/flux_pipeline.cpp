@@ -334,6 +334,13 @@ std::vector<ModelSpec> model_specs() {
   tiny.description =
       "Built-in FLUX.1 architecture with seeded random weights (`xfuser make-tiny`); "
       "noise-like images, for demos and tests";
+  // The trained tiny model (examples/tiny_shapes/train.py): the quick start's demo.
+  ModelSpec shapes = tiny;
+  shapes.id = "tiny-shapes";
+  shapes.defaults = {128, 128, 16, 3.5, 32, 0};
+  shapes.description =
+      "Built-in FLUX.1 architecture trained to draw captioned shapes (\"a large red circle at "
+      "the top left on a blue background\"; examples/tiny_shapes); 128x128 in about a second";
   ModelSpec kontext = dev;
   kontext.id = "FLUX.1-Kontext-dev";
   kontext.aliases = {"black-forest-labs/FLUX.1-Kontext-dev", "FLUX.1-Kontext"};
@@ -347,7 +354,7 @@ std::vector<ModelSpec> model_specs() {
   kontext.description =
       "FLUX.1 Kontext [dev]: image editing; the picture's VAE tokens (ids on their own first "
       "axis) join the generated ones in attention";
-  return {dev, kontext, tiny};
+  return {dev, kontext, tiny, shapes};
 }
 
 }  // namespace xfuser::models::flux

@@ -357,4 +357,15 @@ fs::path ensure_tiny_flux(uint64_t seed) {
                                 [seed](const fs::path& dir) { make_tiny_flux(dir, seed); });
 }
 
+fs::path tiny_shapes_dir() {
+  const std::vector<fs::path> places = {fs::path(XFUSER_SOURCE_DIR) / "models/flux/tiny_shapes",
+                                        fs::path(XFUSER_INSTALL_DATADIR) / "xfuser/tiny_shapes"};
+  for (const auto& dir : places) {
+    std::error_code ec;
+    if (fs::is_regular_file(dir / "model_index.json", ec)) return dir;
+  }
+  XF_THROW("tiny-shapes: no pipeline folder (model_index.json) in ", places[0].string(), " or ",
+           places[1].string(), ": reinstall xfuser, or pass --model_path");
+}
+
 }  // namespace xfuser::models::flux

@@ -23,6 +23,11 @@ void make_tiny_flux(const std::filesystem::path& out, uint64_t seed);
 // is built under a temporary name and renamed.
 std::filesystem::path ensure_tiny_flux(uint64_t seed = 0);
 
+// The trained tiny-shapes pipeline folder (committed under models/flux/tiny_shapes, installed
+// under <datadir>/xfuser/tiny_shapes): the source tree's, else the installed one. Throws naming
+// the places looked at when neither holds model_index.json.
+std::filesystem::path tiny_shapes_dir();
+
 // Byte-level BPE merges learned from `corpus` (CLIP's pre-tokenisation: lower case, words,
 // `</w>` ends) by repeatedly merging the most frequent adjacent pair (ties: lexicographic).
 // Returns (vocab in id order, merges in rank order); the vocab is CLIP's layout: the 256 byte

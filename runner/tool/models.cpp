@@ -57,7 +57,9 @@ std::string models_doc() {
     os << "- maturity: " << s.maturity << "\n";
     if (!s.aliases.empty()) os << "- aliases: `" << join(s.aliases, "`, `") << "`\n";
     std::string weights = "--model_path only";
-    if (s.maturity == "embedded") {
+    if (s.id == "tiny-shapes") {  // the one embedded model whose weights are trained
+      weights = "trained, committed (models/flux/tiny_shapes; installed under share/xfuser)";
+    } else if (s.maturity == "embedded") {
       weights = "built on first use (under $XFUSER_CACHE, default ~/.cache/xfuser)";
     } else if (!s.hf_repo.empty()) {
       weights = "Hugging Face repo `" + s.hf_repo + "` in the local cache (or --model_path)";

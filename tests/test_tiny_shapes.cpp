@@ -1,0 +1,227 @@
+// tiny-shapes, the trained embedded model (models/flux/tiny_shapes, made by
+// examples/tiny_shapes/train.py): the share of held-out scenes it draws as captioned (a measured
+// criterion, examples/tiny_shapes/score.py), against a random-weight model of the same
+// architecture, and diffusers' FluxPipeline on the same folder and initial latents.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "models/flux/tiny_flux.h"
+#include "models/registry.h"
+#include "models/xfuser_model.h"
+#include "tests/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// examples/tiny_shapes/score.py's criterion, on one uint8 [H, W, 3] picture: each pixel is named
+// by its nearest palette colour; each shape's central box of its cell holds >= 20% pixels not of
+// the background colour, the named colour the most common of them; every cell the caption leaves
+// empty is >= 90% background colour.
+struct Verdict {
+  bool pass = true;
+  std::string why;
+};
+
+Verdict check_picture(const at::Tensor& picture, const json& scene, const json& held) {
+  const int size = held["size"];
+  const int grid = held["grid"];
+  const int box = held["box"];
+  std::vector<std::string> names;
+  std::vector<std::array<float, 3>> palette;
+  for (const auto& [name, rgb] : held["palette"].items()) {
+    names.push_back(name);
+    palette.push_back({rgb[0].get<float>(), rgb[1].get<float>(), rgb[2].get<float>()});
+  }
+  auto index_of = [&](const std::string& name) {
+    return static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
+  };
+  const auto px = picture.contiguous();
+  const uint8_t* p = px.data_ptr<uint8_t>();
+  std::vector<int> cls(static_cast<size_t>(size) * size);
+  for (int i = 0; i < size * size; ++i) {
+    float best = 1e30f;
+    for (size_t c = 0; c < palette.size(); ++c) {
+      float d = 0.f;
+      for (int k = 0; k < 3; ++k) {
+        const float v = static_cast<float>(p[i * 3 + k]) - palette[c][k];
+        d += v * v;
+      }
+      if (d < best) {
+        best = d;
+        cls[i] = static_cast<int>(c);
+      }
+    }
+  }
+  const int bg = index_of(scene["background"]);
+  const double cell = static_cast<double>(size) / grid;
+  Verdict v;
+  std::vector<bool> used(static_cast<size_t>(grid) * grid, false);
+  for (const auto& shape : scene["shapes"]) {
+    const int row = shape["row"];
+    const int col = shape["col"];
+    used[row * grid + col] = true;
+    const int x0 = static_cast<int>(std::lround((col + 0.5) * cell - box / 2.0));
+    const int y0 = static_cast<int>(std::lround((row + 0.5) * cell - box / 2.0));
+    std::vector<int> counts(names.size(), 0);
+    int fg = 0;
+    for (int y = y0; y < y0 + box; ++y) {
+      for (int x = x0; x < x0 + box; ++x) {
+        const int c = cls[y * size + x];
+        if (c != bg) {
+          ++counts[c];
+          ++fg;
+        }
+      }
+    }
+    const int dominant =
+        static_cast<int>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+    const double frac = static_cast<double>(fg) / (box * box);
+    if (frac < 0.2 || names[dominant] != shape["colour"].get<std::string>()) {
+      v.pass = false;
+      v.why += "cell (" + std::to_string(row) + "," + std::to_string(col) +
+               "): " + std::to_string(frac) + " foreground, mostly " + names[dominant] + "; ";
+    }
+  }
+  for (int row = 0; row < grid; ++row) {
+    for (int col = 0; col < grid; ++col) {
+      if (used[row * grid + col]) continue;
+      const int y0 = static_cast<int>(std::lround(row * cell));
+      const int y1 = static_cast<int>(std::lround((row + 1) * cell));
+      const int x0 = static_cast<int>(std::lround(col * cell));
+      const int x1 = static_cast<int>(std::lround((col + 1) * cell));
+      int n = 0;
+      int bgn = 0;
+      for (int y = y0; y < y1; ++y) {
+        for (int x = x0; x < x1; ++x) {
+          ++n;
+          bgn += cls[y * size + x] == bg;
+        }
+      }
+      if (bgn < 0.9 * n) {
+        v.pass = false;
+        v.why += "empty cell (" + std::to_string(row) + "," + std::to_string(col) +
+                 "): background " + std::to_string(static_cast<double>(bgn) / n) + "; ";
+      }
+    }
+  }
+  return v;
+}
+
+json held_out() {
+  const fs::path file = xfuser::testing::source_dir() / "examples/tiny_shapes/heldout.json";
+  return xfuser::testing::read_json(file);
+}
+
+// The pass rate of `folder`'s pipeline on the first `count` held-out scenes (fp32, one seed per
+// scene), printing the failures.
+double pass_rate(const fs::path& folder, const json& held, int count) {
+  using namespace xfuser::models;
+  const auto& spec = ModelRegistry::for_pipeline_folder(folder);
+  auto model = spec.create(spec);
+  model->load(folder, {});
+  const auto& scenes = held["scenes"];
+  int passed = 0;
+  const int batch = 8;
+  for (int start = 0; start < count; start += batch) {
+    GenerationRequest r;
+    for (int i = start; i < std::min(count, start + batch); ++i) {
+      r.prompts.push_back(scenes[i]["caption"]);
+      r.seeds.push_back(i);
+    }
+    r.height = held["size"];
+    r.width = held["size"];
+    r.num_inference_steps = held["num_inference_steps"];
+    r.guidance_scale = 3.5;
+    r.max_sequence_length = 32;
+    const auto out = model->generate(r);
+    for (size_t b = 0; b < r.prompts.size(); ++b) {
+      const auto& scene = scenes[start + static_cast<int>(b)];
+      const Verdict v = check_picture(out.images[static_cast<int64_t>(b)], scene, held);
+      passed += v.pass;
+      if (!v.pass) {
+        std::printf("  fail: %s: %s\n", scene["caption"].get<std::string>().c_str(), v.why.c_str());
+      }
+    }
+  }
+  return static_cast<double>(passed) / count;
+}
+
+constexpr int kScenes = 48;
+// What the committed model does, not issue 18's goal of 0.9: xfuser passes 13 of these 48
+// scenes (27%; diffusers 33% of the first 100; examples/tiny_shapes/README.md says what fails).
+// The bound leaves a few scenes of slack for another libtorch or BLAS; retraining raises it.
+constexpr double kTrainedAtLeast = 0.15;
+// The random-weight model passes none (noise has no flat background).
+constexpr double kRandomAtMost = 0.05;
+
+TEST(TinyShapes, DrawsHeldOutCaptions) {
+  const json held = held_out();
+  ASSERT_GE(held["scenes"].size(), static_cast<size_t>(kScenes));
+  const double rate = pass_rate(xfuser::models::flux::tiny_shapes_dir(), held, kScenes);
+  std::printf("tiny-shapes: %.1f%% of %d held-out scenes drawn as captioned\n", 100 * rate,
+              kScenes);
+  EXPECT_GE(rate, kTrainedAtLeast);
+}
+
+TEST(TinyShapes, RandomWeightsFailTheSameCheck) {
+  const json held = held_out();
+  // The random tiny FLUX pipeline (same architecture family, seeded random weights).
+  const double rate = pass_rate(xfuser::models::flux::ensure_tiny_flux(0), held, kScenes);
+  std::printf("random tiny-flux: %.1f%% of %d held-out scenes\n", 100 * rate, kScenes);
+  EXPECT_LE(rate, kRandomAtMost);
+}
+
+TEST(TinyShapes, CheckerAcceptsDrawnScenes) {
+  // The criterion itself: an exact drawing of each scene (flat colours, shapes of the named size
+  // centered in their cells) passes, and the same drawing checked against another background or
+  // another colour does not.
+  const json held = held_out();
+  const int size = held["size"];
+  const double cell = static_cast<double>(size) / held["grid"].get<int>();
+  for (int i = 0; i < 20; ++i) {
+    json scene = held["scenes"][i];
+    auto rgb = [&](const std::string& name) { return held["palette"][name]; };
+    at::Tensor pic = at::empty({size, size, 3}, at::kByte);
+    auto a = pic.accessor<uint8_t, 3>();
+    for (int y = 0; y < size; ++y) {
+      for (int x = 0; x < size; ++x) {
+        json c = rgb(scene["background"]);
+        for (const auto& s : scene["shapes"]) {
+          const double cx = (s["col"].get<int>() + 0.5) * cell;
+          const double cy = (s["row"].get<int>() + 0.5) * cell;
+          if (std::abs(x + 0.5 - cx) < 12 && std::abs(y + 0.5 - cy) < 12) c = rgb(s["colour"]);
+        }
+        for (int k = 0; k < 3; ++k) a[y][x][k] = static_cast<uint8_t>(c[k].get<int>());
+      }
+    }
+    EXPECT_TRUE(check_picture(pic, scene, held).pass) << scene["caption"];
+    json other = scene;
+    other["background"] = scene["shapes"][0]["colour"] == "white" ? "black" : "white";
+    if (other["background"] != scene["background"]) {
+      EXPECT_FALSE(check_picture(pic, other, held).pass) << scene["caption"];
+    }
+    other = scene;
+    other["shapes"][0]["colour"] = scene["background"];
+    EXPECT_FALSE(check_picture(pic, other, held).pass) << scene["caption"];
+  }
+}
+
+TEST(TinyShapes, EqualsDiffusers) {
+  // diffusers' FluxPipeline on the same folder and initial latents (tests/fixtures/generate.py
+  // --only tiny_shapes): final latents within 1e-4, pictures within 1 level, fp32.
+  xfuser::testing::check_pipeline("tiny-shapes", xfuser::models::flux::tiny_shapes_dir());
+}
+
+}  // namespace
