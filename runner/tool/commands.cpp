@@ -11,6 +11,7 @@ void register_commands(CLI::App& app) {
   register_models(app);
   register_validate(app);
   register_trace(app);
+  register_compare(app);
 }
 
 }  // namespace xfuser::runner::tool
