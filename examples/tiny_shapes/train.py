@@ -138,6 +138,30 @@ def pack(z):
     return z.reshape(b, (h // 2) * (w // 2), c * 4)
 
 
+def flux_ids(max_seq):
+    """FluxPipeline's img_ids for the 128x128 latent grid, its zero txt_ids, and its schedule's mu
+    at this size (sigma' = e^mu s / (1 + (e^mu - 1) s))."""
+    hl = shapes.SIZE // 16
+    img_ids = torch.zeros(hl, hl, 3)
+    img_ids[..., 1] = torch.arange(hl)[:, None]
+    img_ids[..., 2] = torch.arange(hl)[None, :]
+    m = (1.15 - 0.5) / (4096 - 256)
+    return img_ids.reshape(-1, 3), torch.zeros(max_seq, 3), hl * hl * m + (0.5 - m * 256)
+
+
+def flow_batch(x0_all, batch, mu, g):
+    """One rectified-flow batch: picture indices, x0, noise, sigmas (logit-normal, shifted by mu),
+    guidance values (uniform 1..5: the model learns to ignore them) and x_t."""
+    idx = torch.randint(0, x0_all.shape[0], (batch,), generator=g)
+    x0 = x0_all[idx]
+    noise = torch.randn(x0.shape, generator=g)
+    s = torch.sigmoid(torch.randn(batch, generator=g))
+    s = math.exp(mu) * s / (1 + (math.exp(mu) - 1) * s)
+    guidance = 1.0 + 4.0 * torch.rand(batch, generator=g)
+    xt = (1 - s[:, None, None]) * x0 + s[:, None, None] * noise
+    return idx, x0, noise, s, guidance, xt
+
+
 # ---------------------------------------------------------------- main
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -318,18 +342,10 @@ def main():
     ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
     nparams = sum(p.numel() for p in model.parameters())
     log(f"transformer: {nparams / 1e6:.2f} M parameters")
-    hl = shapes.SIZE // 16
-    img_ids = torch.zeros(hl, hl, 3)
-    img_ids[..., 1] = torch.arange(hl)[:, None]
-    img_ids[..., 2] = torch.arange(hl)[None, :]
-    img_ids = img_ids.reshape(-1, 3)
-    txt_ids = torch.zeros(max_seq, 3)
-    # The pipeline's shift at this size: mu from image_seq_len, sigma' = e^mu s / (1 + (e^mu-1) s).
+    img_ids, txt_ids, mu = flux_ids(max_seq)
     sched = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5,
                                             max_image_seq_len=4096, max_shift=1.15, shift=3.0,
                                             use_dynamic_shifting=True)
-    m = (1.15 - 0.5) / (4096 - 256)
-    mu = hl * hl * m + (0.5 - m * 256)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0,
                             betas=(0.9, 0.99))
     g = torch.Generator().manual_seed(args.seed + 5)
@@ -337,13 +353,7 @@ def main():
     losses = []
     model.train()
     for step in range(args.steps):
-        idx = torch.randint(0, n, (args.batch,), generator=g)
-        x0 = x0_all[idx]
-        noise = torch.randn(x0.shape, generator=g)
-        s = torch.sigmoid(torch.randn(args.batch, generator=g))
-        s = math.exp(mu) * s / (1 + (math.exp(mu) - 1) * s)
-        guidance = 1.0 + 4.0 * torch.rand(args.batch, generator=g)
-        xt = (1 - s[:, None, None]) * x0 + s[:, None, None] * noise
+        idx, x0, noise, s, guidance, xt = flow_batch(x0_all, args.batch, mu, g)
         # fp32: CPU autocast to bf16 is ~20x slower here (torch 2.5.1).
         pred = model(hidden_states=xt, encoder_hidden_states=t5_all[idx],
                      pooled_projections=pooled_all[idx], timestep=s, guidance=guidance,
@@ -426,14 +436,7 @@ def tune_with_t5(args, held, max_seq):
     ids2_all = tok2(caps, padding="max_length", max_length=max_seq, truncation=True,
                     return_tensors="pt").input_ids
     log(f"phase 4: encoded {n} pictures ({time.time() - t_start:.0f} s)")
-    hl = shapes.SIZE // 16
-    img_ids = torch.zeros(hl, hl, 3)
-    img_ids[..., 1] = torch.arange(hl)[:, None]
-    img_ids[..., 2] = torch.arange(hl)[None, :]
-    img_ids = img_ids.reshape(-1, 3)
-    txt_ids = torch.zeros(max_seq, 3)
-    m = (1.15 - 0.5) / (4096 - 256)
-    mu = hl * hl * m + (0.5 - m * 256)
+    img_ids, txt_ids, mu = flux_ids(max_seq)
     opt = torch.optim.AdamW([{"params": model.parameters(), "lr": 3e-4},
                              {"params": t5.parameters(), "lr": 1e-3}], weight_decay=0.0,
                             betas=(0.9, 0.99))
@@ -445,13 +448,7 @@ def tune_with_t5(args, held, max_seq):
     t0 = time.time()
     losses = []
     for step in range(args.text_steps):
-        idx = torch.randint(0, n, (args.batch,), generator=g)
-        x0 = x0_all[idx]
-        noise = torch.randn(x0.shape, generator=g)
-        sg = torch.sigmoid(torch.randn(args.batch, generator=g))
-        sg = math.exp(mu) * sg / (1 + (math.exp(mu) - 1) * sg)
-        guidance = 1.0 + 4.0 * torch.rand(args.batch, generator=g)
-        xt = (1 - sg[:, None, None]) * x0 + sg[:, None, None] * noise
+        idx, x0, noise, sg, guidance, xt = flow_batch(x0_all, args.batch, mu, g)
         enc = t5(ids2_all[idx])[0]
         pred = model(hidden_states=xt, encoder_hidden_states=enc,
                      pooled_projections=pooled_all[idx], timestep=sg, guidance=guidance,
