@@ -105,6 +105,17 @@ def write_clip_tokenizer(out, words):
     return len(vocab)
 
 
+def strip_paths(model_file):
+    """Drops the training input and output paths SentencePiece records in the model, so a rerun
+    elsewhere writes the same bytes (they do not change tokenization)."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    m = pb.ModelProto()
+    m.ParseFromString(model_file.read_bytes())
+    m.trainer_spec.ClearField("input")
+    m.trainer_spec.ClearField("model_prefix")
+    model_file.write_bytes(m.SerializeToString())
+
+
 def write_t5_tokenizer(out, corpus):
     import sentencepiece as spm
     out.mkdir(parents=True)
@@ -118,6 +129,7 @@ def write_t5_tokenizer(out, corpus):
         minloglevel=2)
     text.unlink()
     (out / "spiece.vocab").unlink()
+    strip_paths(out / "spiece.model")
     (out / "special_tokens_map.json").write_text(json.dumps({
         "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}, indent=2) + "\n")
     (out / "tokenizer_config.json").write_text(json.dumps({
