@@ -80,7 +80,7 @@ def score_pipeline(folder, scenes, max_seq, preview=None):
             fails.append({"caption": cap, "detail": detail})
         if len(imgs) < 16:
             imgs.append(img)
-    if preview is not None and imgs:
+    if preview is not None and len(imgs) >= 4:  # rows of 4 pictures
         grid = np.concatenate([np.concatenate(imgs[r * 4:r * 4 + 4], 1)
                                for r in range(len(imgs) // 4)], 0)
         Image.fromarray(grid).save(preview)

@@ -108,8 +108,10 @@ def write_clip_tokenizer(out, words):
 def strip_paths(model_file):
     """Drops the training input and output paths SentencePiece records in the model, so a rerun
     elsewhere writes the same bytes (they do not change tokenization)."""
-    from sentencepiece import sentencepiece_model_pb2 as pb
-    m = pb.ModelProto()
+    # transformers' own copy of the proto module: importing sentencepiece's as well registers
+    # sentencepiece_model.proto twice, and T5TokenizerFast's conversion then fails.
+    from transformers.convert_slow_tokenizer import import_protobuf
+    m = import_protobuf().ModelProto()
     m.ParseFromString(model_file.read_bytes())
     m.trainer_spec.ClearField("input")
     m.trainer_spec.ClearField("model_prefix")
@@ -172,6 +174,26 @@ def flow_batch(x0_all, batch, mu, g):
     guidance = 1.0 + 4.0 * torch.rand(batch, generator=g)
     xt = (1 - s[:, None, None]) * x0 + s[:, None, None] * noise
     return idx, x0, noise, s, guidance, xt
+
+
+def encode_pictures(vae, n, rng, excluded):
+    """n fresh scenes drawn from rng (none held out), VAE-encoded (latent mode) in batches of
+    64: (raw latents, captions, the last batch's pixels)."""
+    caps, lat = [], []
+    with torch.no_grad():
+        for i in range(0, n, 64):
+            scenes = [shapes.random_scene(rng, excluded) for _ in range(min(64, n - i))]
+            x = to_tensor([shapes.draw(sc, rng) for sc in scenes])
+            lat.append(vae.encode(x).latent_dist.mode())
+            caps += [shapes.caption(sc) for sc in scenes]
+    return torch.cat(lat), caps, x
+
+
+def save_pairs(pair, path):
+    """Rows of [picture | its VAE round trip] ([B, 3, H, 2W] in -1..1) as one PNG."""
+    from PIL import Image
+    Image.fromarray(pair.clamp(-1, 1).add(1).mul(127.5).round().byte().permute(0, 2, 3, 1)
+                    .reshape(-1, 2 * shapes.SIZE, 3).numpy()).save(path)
 
 
 # ---------------------------------------------------------------- main
@@ -312,14 +334,8 @@ def main():
     # 2. The training set, encoded once.
     t0 = time.time()
     n = args.train_pictures
-    caps, lat = [], []
+    lat, caps, x = encode_pictures(vae, n, rng, excluded)
     with torch.no_grad():
-        for i in range(0, n, 64):
-            scenes = [shapes.random_scene(rng, excluded) for _ in range(min(64, n - i))]
-            x = to_tensor([shapes.draw(s, rng) for s in scenes])
-            lat.append(vae.encode(x).latent_dist.mode())
-            caps += [shapes.caption(s) for s in scenes]
-        lat = torch.cat(lat)
         shift = lat.mean().item()
         scale = 1.0 / (lat - shift).std().item()
         vae.register_to_config(shift_factor=round(shift, 4), scaling_factor=round(scale, 4))
@@ -331,13 +347,10 @@ def main():
             t5_all.append(e)
             pooled_all.append(p)
         t5_all, pooled_all = torch.cat(t5_all), torch.cat(pooled_all)
-        from PIL import Image
         # The last pictures encoded, beside their decoded latents.
         pair = torch.cat([x[-8:], vae.decode(
             lat[-8:] / vae.config.scaling_factor + vae.config.shift_factor).sample], 3)
-        Image.fromarray(pair.clamp(-1, 1).add(1).mul(127.5).round().byte().permute(0, 2, 3, 1)
-                        .reshape(-1, 2 * shapes.SIZE, 3).numpy()).save(
-                            args.report_dir / "vae_reconstruction.png")
+        save_pairs(pair, args.report_dir / "vae_reconstruction.png")
     vae_dtype = getattr(torch, args.dtype)
     vae.to(vae_dtype).save_pretrained(out / "vae")
     vae.to(torch.float32)
@@ -433,14 +446,9 @@ def tune_with_t5(args, held, max_seq):
     tok1 = CLIPTokenizer.from_pretrained(folder / "tokenizer")
     tok2 = T5TokenizerFast.from_pretrained(folder / "tokenizer_2")
     n = 8000
-    caps, lat = [], []
+    lat, caps, _ = encode_pictures(vae, n, rng, excluded)
     with torch.no_grad():
-        for i in range(0, n, 64):
-            scenes = [shapes.random_scene(rng, excluded) for _ in range(min(64, n - i))]
-            x = to_tensor([shapes.draw(sc, rng) for sc in scenes])
-            lat.append(vae.encode(x).latent_dist.mode())
-            caps += [shapes.caption(sc) for sc in scenes]
-        lat = (torch.cat(lat) - vae.config.shift_factor) * vae.config.scaling_factor
+        lat = (lat - vae.config.shift_factor) * vae.config.scaling_factor
         x0_all = pack(lat)
         ids1 = tok1(caps, padding="max_length", max_length=CLIP_MAX, truncation=True,
                     return_tensors="pt").input_ids
@@ -520,7 +528,6 @@ def finetune_decoder(folder, seed, steps, excluded, dtype):
             log(f"decoder {step}: L1 {np.mean(losses[-100:]):.4f} ({time.time() - t0:.0f} s)")
     vae.eval()
     with torch.no_grad():
-        from PIL import Image
         x = to_tensor([shapes.draw(shapes.random_scene(rng, excluded), rng) for _ in range(8)])
         pair = torch.cat([x, vae.decode(vae.encode(x).latent_dist.mean).sample], 3)
     vae.to(dtype).save_pretrained(folder / "vae")
@@ -531,7 +538,6 @@ def finetune_decoder(folder, seed, steps, excluded, dtype):
 def finish(args, held, max_seq):
     """Phases 4 and 5 and the held-out score, on the folder phases 1-3 wrote."""
     import score
-    from PIL import Image
     log_file = args.report_dir / "train_log.json"
     train_log = json.loads(log_file.read_text())
     if args.text_steps and args.from_phase <= 4:
@@ -540,9 +546,7 @@ def finish(args, held, max_seq):
     if args.decoder_steps:
         train_log["decoder"], pair = finetune_decoder(args.out, args.seed, args.decoder_steps,
                                                       set(held), getattr(torch, args.dtype))
-        Image.fromarray(pair.clamp(-1, 1).add(1).mul(127.5).round().byte().permute(0, 2, 3, 1)
-                        .reshape(-1, 2 * shapes.SIZE, 3).numpy()).save(
-                            args.report_dir / "vae_reconstruction.png")
+        save_pairs(pair, args.report_dir / "vae_reconstruction.png")
     train_log["total_seconds"] = train_log["phases_1_3_seconds"] + train_log.get(
         "text", {}).get("seconds", 0) + train_log.get("decoder", {}).get("seconds", 0)
     log(f"trained in {train_log['total_seconds'] / 60:.1f} min")
