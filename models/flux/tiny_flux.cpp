@@ -358,14 +358,20 @@ fs::path ensure_tiny_flux(uint64_t seed) {
 }
 
 fs::path tiny_shapes_dir() {
-  const std::vector<fs::path> places = {fs::path(XFUSER_SOURCE_DIR) / "models/flux/tiny_shapes",
-                                        fs::path(XFUSER_INSTALL_DATADIR) / "xfuser/tiny_shapes"};
+  std::vector<fs::path> places = {fs::path(XFUSER_SOURCE_DIR) / "models/flux/tiny_shapes",
+                                  fs::path(XFUSER_INSTALL_DATADIR) / "xfuser/tiny_shapes"};
+  // An install moved or made with `cmake --install --prefix P`: P/bin/<tool> ->
+  // P/share/xfuser/tiny_shapes.
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) places.push_back(exe.parent_path().parent_path() / "share/xfuser/tiny_shapes");
+  std::string looked;
   for (const auto& dir : places) {
-    std::error_code ec;
     if (fs::is_regular_file(dir / "model_index.json", ec)) return dir;
+    looked += (looked.empty() ? "" : ", ") + dir.string();
   }
-  XF_THROW("tiny-shapes: no pipeline folder (model_index.json) in ", places[0].string(), " or ",
-           places[1].string(), ": reinstall xfuser, or pass --model_path");
+  XF_THROW("tiny-shapes: no pipeline folder (model_index.json) in ", looked,
+           ": reinstall xfuser, or pass --model_path");
 }
 
 }  // namespace xfuser::models::flux

@@ -24,8 +24,9 @@ void make_tiny_flux(const std::filesystem::path& out, uint64_t seed);
 std::filesystem::path ensure_tiny_flux(uint64_t seed = 0);
 
 // The trained tiny-shapes pipeline folder (committed under models/flux/tiny_shapes, installed
-// under <datadir>/xfuser/tiny_shapes): the source tree's, else the installed one. Throws naming
-// the places looked at when neither holds model_index.json.
+// under <datadir>/xfuser/tiny_shapes): the source tree's, else the installed one (the configured
+// prefix, else <the running program's folder>/../share). Throws naming the places looked at when
+// none holds model_index.json.
 std::filesystem::path tiny_shapes_dir();
 
 // Byte-level BPE merges learned from `corpus` (CLIP's pre-tokenisation: lower case, words,
