@@ -124,14 +124,19 @@ json held_out() {
   return xfuser::testing::read_json(file);
 }
 
-// The pass rate of `folder`'s pipeline on the first `count` held-out scenes (fp32, one seed per
-// scene), printing the failures.
+// The pass rate of `folder`'s pipeline on `count` held-out scenes spread evenly over the list
+// (which is sorted by background: of its first 48, 37 are on red), fp32, one seed per scene,
+// printing the failures.
 double pass_rate(const fs::path& folder, const json& held, int count) {
   using namespace xfuser::models;
   const auto& spec = ModelRegistry::for_pipeline_folder(folder);
   auto model = spec.create(spec);
   model->load(folder, {});
-  const auto& scenes = held["scenes"];
+  const auto& all = held["scenes"];
+  json scenes = json::array();
+  for (int i = 0; i < count; ++i) {
+    scenes.push_back(all[static_cast<size_t>(i) * all.size() / static_cast<size_t>(count)]);
+  }
   int passed = 0;
   const int batch = 8;
   for (int start = 0; start < count; start += batch) {
@@ -158,20 +163,22 @@ double pass_rate(const fs::path& folder, const json& held, int count) {
   return static_cast<double>(passed) / count;
 }
 
+// The random-weight model is checked on 48 of the held-out scenes spread over the list; the
+// trained one on all 300.
 constexpr int kScenes = 48;
-// What the committed model does, not issue 18's goal of 0.9: xfuser passes 13 of these 48
-// scenes (27%; diffusers 33% of the first 100; examples/tiny_shapes/README.md says what fails).
-// The bound leaves a few scenes of slack for another libtorch or BLAS; retraining raises it.
-constexpr double kTrainedAtLeast = 0.15;
+// Issue 18's bar. The committed model passes 284 of the 300 held-out scenes in xfuser (94.7%;
+// diffusers 97 of 100), so another libtorch or BLAS has 14 scenes of slack; its failures are
+// small triangles and small shapes of a colour close to the background's
+// (examples/tiny_shapes/README.md).
+constexpr double kTrainedAtLeast = 0.9;
 // The random-weight model passes none (noise has no flat background).
 constexpr double kRandomAtMost = 0.05;
 
 TEST(TinyShapes, DrawsHeldOutCaptions) {
   const json held = held_out();
-  ASSERT_GE(held["scenes"].size(), static_cast<size_t>(kScenes));
-  const double rate = pass_rate(xfuser::models::flux::tiny_shapes_dir(), held, kScenes);
-  std::printf("tiny-shapes: %.1f%% of %d held-out scenes drawn as captioned\n", 100 * rate,
-              kScenes);
+  const int count = static_cast<int>(held["scenes"].size());
+  const double rate = pass_rate(xfuser::models::flux::tiny_shapes_dir(), held, count);
+  std::printf("tiny-shapes: %.1f%% of %d held-out scenes drawn as captioned\n", 100 * rate, count);
   EXPECT_GE(rate, kTrainedAtLeast);
 }
 

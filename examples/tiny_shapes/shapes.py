@@ -100,7 +100,7 @@ def random_scene(rng, excluded):
     colours = list(COLOURS)
     places = list(PLACES)
     while True:
-        n = int(rng.choice([1, 2, 3], p=[0.4, 0.35, 0.25]))
+        n = int(rng.choice([1, 2, 3], p=[0.5, 0.3, 0.2]))
         bg = colours[rng.integers(len(colours))]
         chosen = rng.choice(len(places), size=n, replace=False)
         shapes = []
