@@ -51,24 +51,12 @@ def log(*a):
 
 
 # ---------------------------------------------------------------- tokenizers
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, [chr(c) for c in cs]))
-
-
 def write_clip_tokenizer(out, words):
     """CLIP's layout: the 256 byte symbols, the same with </w>, one entry per merge, then
     <|startoftext|> and <|endoftext|>. Merges: the most frequent adjacent pair over the words
     (ties: the smallest pair), until every word is one symbol."""
-    b2u = bytes_to_unicode()
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+    b2u = bytes_to_unicode()  # CLIP's (GPT-2's) byte-to-symbol map
     seqs = {w: [b2u[b] for b in w.encode()] for w in words}
     for w in seqs:
         seqs[w][-1] += "</w>"
