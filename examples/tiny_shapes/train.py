@@ -154,7 +154,8 @@ def flux_ids(max_seq):
 
 def flow_batch(x0_all, batch, mu, g):
     """One rectified-flow batch: picture indices, x0, noise, sigmas (logit-normal, shifted by mu),
-    guidance values (uniform 1..5: the model learns to ignore them) and x_t."""
+    guidance values (uniform 1..5; the guidance embedding is held at zero, so they change
+    nothing) and x_t."""
     idx = torch.randint(0, x0_all.shape[0], (batch,), generator=g)
     x0 = x0_all[idx]
     noise = torch.randn(x0.shape, generator=g)
