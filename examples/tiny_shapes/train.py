@@ -359,10 +359,9 @@ def main():
     sched = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5,
                                             max_image_seq_len=4096, max_shift=1.15, shift=3.0,
                                             use_dynamic_shifting=True)
-    params = [p for m in modules for p in m.parameters() if p.requires_grad]
+    trained = [[p for p in m.parameters() if p.requires_grad] for m in modules]
     base = [args.lr, args.text_lr, args.text_lr]
-    opt = torch.optim.AdamW([{"params": [p for p in m.parameters() if p.requires_grad],
-                              "lr": b} for m, b in zip(modules, base)],
+    opt = torch.optim.AdamW([{"params": ps, "lr": b} for ps, b in zip(trained, base)],
                             weight_decay=0.0, betas=(0.9, 0.99))
     g = torch.Generator().manual_seed(args.seed + 5)
     t0 = time.time()
@@ -382,7 +381,7 @@ def main():
             grp["lr"] = b * warm * cos
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_([p for ps in trained for p in ps], 1.0)
         opt.step()
         decay = min(0.999, (1 + step) / (10 + step))
         with torch.no_grad():
