@@ -43,6 +43,11 @@ foreach(dir backends models parallel profiling runner)
     FILES_MATCHING PATTERN "*.h")
 endforeach()
 
+# The link to the system's {fmt} that goes ahead of a PyTorch wheel's own copy (CMakeLists.txt).
+if(XFUSER_FMT_FIRST)
+  install(DIRECTORY ${XFUSER_FMT_FIRST}/ DESTINATION include/xfuser/fmt_first)
+endif()
+
 # The trained tiny-shapes pipeline (models/flux/tiny_flux.cpp finds it here once installed).
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/models/flux/tiny_shapes/
   DESTINATION ${CMAKE_INSTALL_DATADIR}/xfuser/tiny_shapes)

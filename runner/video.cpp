@@ -15,6 +15,9 @@
 
 #include <ATen/ATen.h>
 
+#include "backends/error.h"
+
+#if XFUSER_WITH_FFMPEG
 extern "C" {
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
@@ -27,8 +30,6 @@ extern "C" {
 #include <libavutil/rational.h>
 #include <libswscale/swscale.h>
 }
-
-#include "backends/error.h"
 
 namespace xfuser::runner {
 namespace fs = std::filesystem;
@@ -440,4 +441,29 @@ at::Tensor read_video_frames(const fs::path& path) {
   return at::stack(frames);
 }
 
+bool video_supported() { return true; }
+
 }  // namespace xfuser::runner
+
+#else  // built without FFmpeg (XFUSER_WITH_FFMPEG=OFF)
+
+namespace xfuser::runner {
+namespace {
+[[noreturn]] void no_ffmpeg(const std::filesystem::path& path) {
+  XF_THROW(path.string(), ": this xfuser was built without FFmpeg (XFUSER_WITH_FFMPEG=OFF), ",
+           "which MP4 video needs; rebuild with FFmpeg's development libraries (libavcodec, ",
+           "libavformat, libavutil, libswscale) installed");
+}
+}  // namespace
+
+void write_mp4(const std::filesystem::path& path, const at::Tensor&, double,
+               const std::map<std::string, std::string>&) {
+  no_ffmpeg(path);
+}
+VideoInfo read_video_info(const std::filesystem::path& path) { no_ffmpeg(path); }
+at::Tensor read_video_frames(const std::filesystem::path& path) { no_ffmpeg(path); }
+bool video_supported() { return false; }
+
+}  // namespace xfuser::runner
+
+#endif

@@ -1,5 +1,7 @@
 // Video output: H.264 in MP4 through FFmpeg's libraries (libavformat, libavcodec, libswscale),
 // written atomically like every other output file; and the readers the tests use to check it.
+// FFmpeg is optional at build time (XFUSER_WITH_FFMPEG): without it every function here throws an
+// xfuser::Error naming the file and the missing libraries, and video_supported() is false.
 #pragma once
 
 #include <cstdint>
@@ -40,5 +42,8 @@ VideoInfo read_video_info(const std::filesystem::path& path);
 // Decodes every frame of the best video stream to uint8 [F, H, W, 3] RGB on the CPU (swscale,
 // using the stream's colour matrix and range), for tests.
 at::Tensor read_video_frames(const std::filesystem::path& path);
+
+// True when this build has FFmpeg (XFUSER_WITH_FFMPEG), so video models can write their MP4s.
+bool video_supported();
 
 }  // namespace xfuser::runner
