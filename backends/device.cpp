@@ -1,13 +1,21 @@
 #include "backends/device.h"
 
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <thread>
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "backends/error.h"
+
+#if XFUSER_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 namespace xfuser::backends {
 
@@ -62,5 +70,85 @@ c10::Device select_device(const std::string& requested) {
 }
 
 std::string device_name(const c10::Device& device) { return device.str(); }
+
+void synchronize_device(const c10::Device& device) {
+  if (device.is_cpu()) return;
+  c10::impl::VirtualGuardImpl guard(device.type());
+  c10::Event done(device.type());
+  done.record(guard.getStream(device));
+  while (!done.query()) std::this_thread::yield();
+}
+
+DeviceMemoryStats device_memory_stats(const c10::Device& device) {
+  DeviceMemoryStats out;
+#if XFUSER_TORCH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    // Index 0 is StatType::AGGREGATE (every pool).
+    out.available = true;
+    out.allocated = stats.allocated_bytes[0].current;
+    out.reserved = stats.reserved_bytes[0].current;
+    out.peak_allocated = stats.allocated_bytes[0].peak;
+    out.peak_reserved = stats.reserved_bytes[0].peak;
+  }
+#endif
+  return out;
+}
+
+// One pinned host buffer and the event of the last copy out of it. Everything goes through
+// libtorch's device-generic interfaces (c10::Event, the guard registry), so this compiles
+// against any libtorch and needs no CUDA headers.
+struct DeviceUploader::Staging {
+  at::Tensor buffer;  // uint8, pinned
+  std::optional<c10::Event> event;
+
+  void wait() {
+    if (!event) return;
+    while (!event->query()) std::this_thread::yield();
+    event.reset();
+  }
+};
+
+DeviceUploader::DeviceUploader(c10::Device device) : device_(device) {
+  XF_CHECK(device_.is_cpu() || device_.is_cuda(), "weights cannot be loaded to device ",
+           device_.str(), " (expected cpu or cuda)");
+  staging_[0] = std::make_unique<Staging>();
+  staging_[1] = std::make_unique<Staging>();
+}
+
+DeviceUploader::~DeviceUploader() {
+  try {
+    finish();
+  } catch (...) {  // a failed device is reported by whoever uses it next
+  }
+}
+
+at::Tensor DeviceUploader::upload(const at::Tensor& host, c10::ScalarType dtype) {
+  XF_CHECK(host.device().is_cpu(), "DeviceUploader: the source tensor is on ", host.device().str(),
+           ", expected host memory");
+  if (device_.is_cpu()) return host.scalar_type() == dtype ? host : host.to(dtype);
+  const int64_t nbytes = host.numel() * static_cast<int64_t>(c10::elementSize(dtype));
+  at::Tensor out = at::empty(host.sizes(), at::TensorOptions().dtype(dtype).device(device_));
+  if (nbytes == 0) return out;
+  Staging& st = *staging_[next_];
+  next_ ^= 1;
+  st.wait();  // its previous copy has left the buffer
+  if (!st.buffer.defined() || st.buffer.numel() < nbytes) {
+    st.buffer = at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  }
+  at::Tensor staged =
+      at::from_blob(st.buffer.data_ptr(), host.sizes(), at::TensorOptions().dtype(dtype));
+  staged.copy_(host);  // the one read of the host tensor, converting the dtype
+  out.copy_(staged, /*non_blocking=*/true);
+  c10::impl::VirtualGuardImpl guard(device_.type());
+  st.event.emplace(device_.type());
+  st.event->record(guard.getStream(device_));
+  bytes_ += nbytes;
+  return out;
+}
+
+void DeviceUploader::finish() {
+  for (auto& st : staging_) st->wait();
+}
 
 }  // namespace xfuser::backends

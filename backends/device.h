@@ -10,8 +10,11 @@
 // select_device() makes it the current CUDA device before any CUDA or NCCL call.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 namespace xfuser::backends {
@@ -39,5 +42,48 @@ c10::Device select_device(const std::string& requested);
 
 // "cpu", "cuda:1": the name in logs and run reports.
 std::string device_name(const c10::Device& device);
+
+// Waits until the work queued so far on `device`'s current stream has run (nothing on the CPU):
+// stage timings measure the device's time, not the time to queue it.
+void synchronize_device(const c10::Device& device);
+
+// The caching allocator's counters of a CUDA device, in bytes (`available` is false for the
+// CPU, or a libtorch without CUDA). Peaks are since the process started.
+struct DeviceMemoryStats {
+  bool available = false;
+  int64_t allocated = 0, reserved = 0, peak_allocated = 0, peak_reserved = 0;
+};
+DeviceMemoryStats device_memory_stats(const c10::Device& device);
+
+// Copies host tensors (a checkpoint's memory map, a converted copy) to the run's device once,
+// at load. On the CPU, upload() is a dtype conversion (a view when the dtype already matches).
+// On a GPU, each tensor is read once from host memory into one of two pinned staging buffers,
+// converting the dtype on the way, and copied to the device asynchronously on the current
+// stream: the host fills one buffer while the other's copy runs. A buffer is reused only after
+// its copy's event has completed; finish() (and the destructor) waits for every copy, so the
+// staging memory is never freed under a pending copy. Uploaded tensors are ordered before any
+// later work on the current stream.
+class DeviceUploader {
+ public:
+  explicit DeviceUploader(c10::Device device);
+  ~DeviceUploader();
+  DeviceUploader(const DeviceUploader&) = delete;
+  DeviceUploader& operator=(const DeviceUploader&) = delete;
+
+  // `host` (any strides, on the CPU) as a contiguous `dtype` tensor on the device.
+  at::Tensor upload(const at::Tensor& host, c10::ScalarType dtype);
+  // Waits until every copy issued so far has completed.
+  void finish();
+  const c10::Device& device() const { return device_; }
+  // Bytes copied to the device so far.
+  int64_t bytes_uploaded() const { return bytes_; }
+
+ private:
+  struct Staging;
+  c10::Device device_;
+  std::unique_ptr<Staging> staging_[2];
+  int next_ = 0;
+  int64_t bytes_ = 0;
+};
 
 }  // namespace xfuser::backends

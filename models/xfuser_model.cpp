@@ -13,6 +13,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "backends/backend.h"
+#include "backends/device.h"
 #include "backends/error.h"
 #include "models/common/kernels.h"
 #include "models/registry.h"
@@ -58,10 +59,13 @@ void inject(const InjectedFailure& f, int step) {
   XF_THROW("injected failure (XFUSER_INJECT_FAILURE) on rank ", process_rank(), " at step ", step);
 }
 
+// Seconds `f` takes on `device`: the device is synchronised at the end, so the time covers the
+// kernels `f` queued, not only the queueing (the stage before ended synchronised too).
 template <typename F>
-double timed(F&& f) {
+double timed(const c10::Device& device, F&& f) {
   auto t0 = Clock::now();
   f();
+  backends::synchronize_device(device);
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
@@ -98,17 +102,19 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
   KernelScope kernel_scope(kernels_.get());
   XF_SPAN("stage", "generate");
   GenerationOutput out;
+  const c10::Device device = load_options_.device;
+  backends::synchronize_device(device);
   auto t0 = Clock::now();
   std::unique_ptr<State> state = begin(request);
   {
     XF_CONTEXT("encoding the prompt");
     XF_SPAN("stage", "encode_prompt");
-    out.timings.push_back({"encode_prompt", -1, timed([&] { encode_prompt(*state); })});
+    out.timings.push_back({"encode_prompt", -1, timed(device, [&] { encode_prompt(*state); })});
   }
   {
     XF_CONTEXT("preparing latents");
     XF_SPAN("stage", "prepare_latents");
-    out.timings.push_back({"prepare_latents", -1, timed([&] { prepare_latents(*state); })});
+    out.timings.push_back({"prepare_latents", -1, timed(device, [&] { prepare_latents(*state); })});
   }
   const int steps = num_steps(*state);
   const auto injected = injected_failure();
@@ -117,19 +123,20 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
     profiling::Span step_span("step", "denoise_step");
     step_span.arg("step", i).arg("steps", steps);
     if (injected) inject(*injected, i);
-    out.timings.push_back({"denoise_step", i, timed([&] { denoise_step(*state, i); })});
+    out.timings.push_back({"denoise_step", i, timed(device, [&] { denoise_step(*state, i); })});
     if (step_callback_) step_callback_(i + 1, steps);
   }
   {
     XF_CONTEXT("decoding");
     XF_SPAN("stage", "decode");
-    out.timings.push_back({"decode", -1, timed([&] { decode(*state); })});
+    out.timings.push_back({"decode", -1, timed(device, [&] { decode(*state); })});
   }
   // Images [B, H, W, 3]; videos [B, F, H, W, 3].
   const int64_t dims = spec_.defaults.num_frames > 0 ? 5 : 4;
   XF_CHECK(state->images.defined() && state->images.dim() == dims, spec_.id,
            ": decode() produced no ", dims == 5 ? "videos" : "images");
-  out.images = state->images;
+  // Pictures leave the device here: encoders, PNG and video writers read host memory.
+  out.images = state->images.to(at::kCPU);
   out.latents = state->latents;
   out.initial_latents = state->initial_latents;
   out.total_seconds = std::chrono::duration<double>(Clock::now() - t0).count();

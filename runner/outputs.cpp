@@ -91,7 +91,7 @@ std::string encode_png(const at::Tensor& image, const std::map<std::string, std:
            "encode_png expects a uint8 image [H, W, 3] or [H, W, 1], got ", image.sizes(), " ",
            image.scalar_type());
   XF_CHECK(image.size(0) > 0 && image.size(1) > 0, "encode_png: empty image ", image.sizes());
-  at::Tensor img = image.contiguous();
+  at::Tensor img = image.to(at::kCPU).contiguous();
   const auto h = static_cast<png_uint_32>(img.size(0));
   const auto w = static_cast<png_uint_32>(img.size(1));
   const int channels = static_cast<int>(img.size(2));

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include "backends/device.h"
 #include "backends/error.h"
 #include "backends/tensor_util.h"
 #include "models/weights/tensor_source.h"
@@ -142,6 +143,7 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
     list("unexpected tensors", unexpected);
     XF_THROW(os.str());
   }
+  backends::DeviceUploader uploader(options.device);
   for (auto& [name, slot] : params) {
     at::Tensor t;
     if (!slot->shard) {
@@ -160,9 +162,9 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
       t = pieces.size() == 1 ? pieces[0] : at::cat(pieces, sh.dim);
       if (!t.is_contiguous()) t = t.contiguous();
     }
-    const auto want = slot->dtype.value_or(dtype);
-    slot->tensor = t.scalar_type() == want ? t : t.to(want);
+    slot->tensor = uploader.upload(t, slot->dtype.value_or(dtype));
   }
+  uploader.finish();
 }
 
 void Module::init_random(uint64_t seed, double std, c10::ScalarType dtype) {

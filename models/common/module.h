@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 namespace xfuser::models {
@@ -47,6 +48,8 @@ struct LoadOptions {
   // these prefixes, or allow_unexpected is set (a partial load such as one pipeline stage).
   std::vector<std::string> ignore_unexpected_prefixes;
   bool allow_unexpected = false;
+  // Where the weights go: copied there once, as they are read (backends::DeviceUploader).
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 class Module {

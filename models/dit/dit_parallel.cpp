@@ -43,7 +43,8 @@ TensorParallelOps tensor_parallel_ops(parallel::Communicator& tp) {
 std::shared_ptr<DiTTransformer> load_dit_transformer(const std::string& dir, c10::ScalarType dtype,
                                                      const parallel::ProcessGroups* groups,
                                                      const DiTPart& part,
-                                                     const std::string& expected_class) {
+                                                     const std::string& expected_class,
+                                                     c10::Device device) {
   ComponentFolder folder = open_component_folder(dir);
   XF_CONTEXT("loading ", folder.class_name, " from ", dir);
   XF_CHECK(expected_class.empty() || folder.class_name == expected_class, dir, " holds a ",
@@ -57,6 +58,7 @@ std::shared_ptr<DiTTransformer> load_dit_transformer(const std::string& dir, c10
   LoadOptions options;
   // A pipeline stage reads only its own tensors from the (memory-mapped) checkpoint.
   options.allow_unexpected = !whole;
+  options.device = device;
   model->load(*folder.weights, dtype, "", options);
   if (tp.size > 1) model->set_tensor_parallel_ops(tensor_parallel_ops(groups->tp()));
   return model;

@@ -29,11 +29,13 @@ TensorParallelOps tensor_parallel_ops(parallel::Communicator& tp);
 // With `groups` of tensor-parallel degree n > 1 the model is built for tp rank r (reading only
 // its slices of the weights) and its tensor-parallel ops are wired to groups->tp(); `groups`
 // must outlive it. A `part` other than the whole model reads only that part's tensors.
-// `expected_class` (if not empty) must match the folder's class.
+// `expected_class` (if not empty) must match the folder's class. The weights are copied to
+// `device` as they are read.
 std::shared_ptr<DiTTransformer> load_dit_transformer(const std::string& dir, c10::ScalarType dtype,
                                                      const parallel::ProcessGroups* groups,
                                                      const DiTPart& part = {},
-                                                     const std::string& expected_class = "");
+                                                     const std::string& expected_class = "",
+                                                     c10::Device device = c10::Device(c10::kCPU));
 
 // An unloaded whole model of the folder's class (shapes only: nothing is allocated), for
 // planning (PipeFusion stages, memory estimates, validation).

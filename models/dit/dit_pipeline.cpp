@@ -53,13 +53,13 @@ void DiTPipeline::load_transformer(const std::filesystem::path& dir,
     const auto whole = describe_dit_transformer(dir.string());
     const auto layers =
         pipefusion_stage_layers(*whole, groups->config().pp(), options.pipefusion_layers);
-    transformer_ =
-        load_dit_transformer(dir.string(), options.dtype, groups.get(),
-                             pipefusion_stage_part(layers, groups->coords().pp), expected_class);
+    transformer_ = load_dit_transformer(dir.string(), options.dtype, groups.get(),
+                                        pipefusion_stage_part(layers, groups->coords().pp),
+                                        expected_class, options.device);
   } else {
     // Under tensor parallelism each rank reads only its slices of the transformer's weights.
-    transformer_ =
-        load_dit_transformer(dir.string(), options.dtype, groups.get(), DiTPart{}, expected_class);
+    transformer_ = load_dit_transformer(dir.string(), options.dtype, groups.get(), DiTPart{},
+                                        expected_class, options.device);
   }
 }
 
@@ -160,7 +160,7 @@ void DiTPipeline::check_finite(const DiTState& s, int index) const {
 }
 
 void DiTPipeline::load_vae(const std::filesystem::path& dir, const ModelLoadOptions& options) {
-  auto component = load_component(dir.string(), options.dtype);
+  auto component = load_component(dir.string(), options.dtype, options.device);
   vae_ = std::dynamic_pointer_cast<vae::AutoencoderKL>(component);
   XF_CHECK(vae_ != nullptr, dir.string(), " holds a ", component->class_name(),
            ", expected AutoencoderKL");

@@ -66,10 +66,17 @@ ComponentFolder open_component_folder(const std::string& dir, const std::string&
 
 std::shared_ptr<Component> load_component(const std::string& dir, c10::ScalarType dtype,
                                           const std::string& variant) {
+  return load_component(dir, dtype, c10::Device(c10::kCPU), variant);
+}
+
+std::shared_ptr<Component> load_component(const std::string& dir, c10::ScalarType dtype,
+                                          c10::Device device, const std::string& variant) {
   ComponentFolder folder = open_component_folder(dir, variant);
   XF_CONTEXT("loading ", folder.class_name, " from ", dir);
   auto component = ComponentRegistry::create(folder.class_name, folder.config, folder.config_path);
-  component->load(*folder.weights, dtype);
+  LoadOptions options;
+  options.device = device;
+  component->load(*folder.weights, dtype, "", options);
   return component;
 }
 

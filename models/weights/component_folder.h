@@ -36,6 +36,9 @@ ComponentFolder open_component_folder(const std::string& dir, const std::string&
 // The component classes must be registered first (register_builtin_components()).
 std::shared_ptr<Component> load_component(const std::string& dir, c10::ScalarType dtype,
                                           const std::string& variant = "");
+// The same, with the weights copied to `device` as they are read (a pipeline's load options).
+std::shared_ptr<Component> load_component(const std::string& dir, c10::ScalarType dtype,
+                                          c10::Device device, const std::string& variant = "");
 
 namespace detail {
 

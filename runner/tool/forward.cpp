@@ -28,6 +28,7 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/mpi_env.h"
 #include "parallel/process_groups.h"
+#include "parallel/two_plane_communicator.h"
 #include "parallel/world_config.h"
 #include "runner/tool/commands.h"
 
@@ -40,6 +41,7 @@ struct ForwardOptions {
   std::string output;
   std::string dtype = "fp32";
   std::string device = "auto";
+  std::string comm_backend = "auto";
   std::string method = "forward";
   int ulysses_degree = 1;
   int ring_degree = 1;
@@ -89,8 +91,9 @@ void run_forward(const ForwardOptions& opts) {
     const auto config = parallel::WorldConfig::from_degrees(
         mpi->size(), 1, 1, 1, opts.ulysses_degree, opts.ring_degree, opts.tensor_parallel_degree);
     if (mpi->size() > 1) {
-      auto world = std::make_shared<parallel::MpiCommunicator>(
-          "world", std::chrono::milliseconds(static_cast<int64_t>(opts.comm_timeout * 1000)));
+      auto world = parallel::make_world_communicator(
+          opts.comm_backend, device, mpi->local_size(), backends::probe_devices().visible_gpus,
+          std::chrono::milliseconds(static_cast<int64_t>(opts.comm_timeout * 1000)));
       groups = std::make_shared<parallel::ProcessGroups>(config, world);
     }
   }
@@ -98,9 +101,10 @@ void run_forward(const ForwardOptions& opts) {
   models::register_builtin_components();
   std::shared_ptr<models::Component> component;
   if (groups && groups->config().tp() > 1) {
-    component = models::dit::load_dit_transformer(opts.model_dir, dtype, groups.get());
+    component =
+        models::dit::load_dit_transformer(opts.model_dir, dtype, groups.get(), {}, "", device);
   } else {
-    component = models::load_component(opts.model_dir, dtype);
+    component = models::load_component(opts.model_dir, dtype, device);
   }
   const auto methods = component->methods();
   bool known = false;
@@ -173,6 +177,11 @@ void register_forward(CLI::App& app) {
                   "Compute device: auto (cuda when this libtorch has CUDA and a GPU is visible), "
                   "cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--comm_backend", opts->comm_backend,
+                  "Collectives of CUDA tensors under mpirun: nccl, mpi (through host memory) or "
+                  "auto (as xfuser-run)")
+      ->check(CLI::IsMember({"auto", "nccl", "mpi"}))
       ->capture_default_str();
   cmd->add_option("--method", opts->method, "Component method: forward, decode, ...")
       ->capture_default_str();
