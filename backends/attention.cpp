@@ -40,6 +40,20 @@ at::Tensor normalize_mask(const at::Tensor& mask, int64_t b, int64_t h, int64_t 
   return m;
 }
 
+// The bias as a float32 [B|1, H|1, Sq|1, Sk] tensor on `device` (undefined when there is none).
+at::Tensor normalize_bias(const at::Tensor& bias, int64_t b, int64_t h, int64_t sq, int64_t sk,
+                          const c10::Device& device) {
+  if (!bias.defined()) return {};
+  XF_CHECK(at::isFloatingType(bias.scalar_type()), "attention: bias must be floating point, got ",
+           bias.scalar_type());
+  const int64_t want[4] = {b, h, sq, sk};
+  bool ok = bias.dim() == 4;
+  for (int i = 0; ok && i < 4; ++i) ok = bias.size(i) == want[i] || (bias.size(i) == 1 && i < 3);
+  XF_CHECK(ok, "attention: bias ", shape_string(bias.sizes()),
+           " is not broadcastable to [B, H, Sq, Sk] = [", b, ", ", h, ", ", sq, ", ", sk, "]");
+  return bias.to(device, at::kFloat);
+}
+
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   XF_CHECK(q.defined() && k.defined() && v.defined(), "attention: q, k and v must be defined");
   XF_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -63,7 +77,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
 }
 
 AttentionOutput chunked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& mask, double scale, int64_t chunk) {
+                                  const at::Tensor& mask, const at::Tensor& bias, double scale,
+                                  int64_t chunk) {
   const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), sk = k.size(1), dv = v.size(3);
   const auto f32 = q.options().dtype(at::kFloat);
   auto out = at::empty({b, sq, h, dv}, q.options());
@@ -83,6 +98,9 @@ AttentionOutput chunked_attention(const at::Tensor& q, const at::Tensor& k, cons
   auto vt = v.transpose(1, 2).to(at::kFloat).contiguous();  // [B, H, Sk, Dv]
   auto kT = kt.transpose(-1, -2);                           // [B, H, D, Sk]
   const bool mask_per_query = mask.defined() && mask.size(2) > 1;
+  const bool bias_per_query = bias.defined() && bias.size(2) > 1;
+  // A row can lose every key (a mask, or -inf in the bias).
+  const bool may_empty = mask.defined() || bias.defined();
   at::Tensor not_mask = mask.defined() ? mask.logical_not() : at::Tensor();
   const double neg_inf = -std::numeric_limits<double>::infinity();
 
@@ -94,12 +112,13 @@ AttentionOutput chunked_attention(const at::Tensor& q, const at::Tensor& k, cons
     if (mask.defined()) {
       s.masked_fill_(mask_per_query ? not_mask.narrow(2, start, len) : not_mask, neg_inf);
     }
-    auto m = std::get<0>(s.max(-1, /*keepdim=*/true));      // [B, H, c, 1]
-    if (mask.defined()) m.masked_fill_(m == neg_inf, 0.0);  // fully masked rows
+    if (bias.defined()) s.add_(bias_per_query ? bias.narrow(2, start, len) : bias);
+    auto m = std::get<0>(s.max(-1, /*keepdim=*/true));  // [B, H, c, 1]
+    if (may_empty) m.masked_fill_(m == neg_inf, 0.0);   // fully masked rows
     s.sub_(m).exp_();
     auto l = s.sum(-1, /*keepdim=*/true);  // [B, H, c, 1]
     auto o = at::matmul(s, vt);            // [B, H, c, Dv]
-    if (mask.defined()) {
+    if (may_empty) {
       o.div_(at::where(l == 0, at::ones_like(l), l));  // masked rows stay 0
     } else {
       o.div_(l);
@@ -167,31 +186,65 @@ AttentionOutput blocked_attention(const at::Tensor& q, const at::Tensor& k, cons
 }
 
 #if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 1)
+// [B, S, H, D] -> the [B, H, S, D] view the fused kernels read; they need only the head dim
+// contiguous, so a [B, S, H, D] view of a [B, S, H*D] projection is read in place.
+at::Tensor heads_first(const at::Tensor& x) {
+  at::Tensor t = x.transpose(1, 2);
+  return t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+// The mask and the bias as one additive bias in q's dtype, broadcast to [B, H, Sq, Sk], in the
+// layout the memory-efficient kernel accepts: the key dim padded to a multiple of 16 elements so
+// every row starts aligned (as PyTorch's own SDPA pads it), broadcast dims of stride 0.
+at::Tensor fused_bias(const at::Tensor& mask, const at::Tensor& bias, int64_t b, int64_t h,
+                      int64_t sq, int64_t sk, const at::TensorOptions& opts) {
+  const int64_t bb = std::max(mask.defined() ? mask.size(0) : 1, bias.defined() ? bias.size(0) : 1);
+  const int64_t bh = std::max(mask.defined() ? mask.size(1) : 1, bias.defined() ? bias.size(1) : 1);
+  const int64_t bq = std::max(mask.defined() ? mask.size(2) : 1, bias.defined() ? bias.size(2) : 1);
+  const int64_t padded = (sk + 15) / 16 * 16;
+  at::Tensor out = at::zeros({bb, bh, bq, padded}, opts).narrow(3, 0, sk);
+  if (bias.defined()) out.copy_(bias.expand({bb, bh, bq, sk}));
+  if (mask.defined()) {
+    out.masked_fill_(mask.logical_not().expand({bb, bh, bq, sk}),
+                     -std::numeric_limits<double>::infinity());
+  }
+  return out.expand({b, h, sq, sk});
+}
+
 // Fused CUDA kernels (libtorch >= 2.1 signatures). Returns false when they do not apply.
-bool fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+bool fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& mask, const at::Tensor& bias, double scale,
                      AttentionOutput* result) {
-  const int64_t sq = q.size(1), d = q.size(3), dv = v.size(3);
-  if (!q.is_cuda() || q.size(0) == 0 || sq == 0 || k.size(1) == 0) return false;
-  auto qt = q.transpose(1, 2);  // [B, H, Sq, D]
-  auto kt = k.transpose(1, 2);
-  auto vt = v.transpose(1, 2);
+  const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1),
+                dv = v.size(3);
+  if (!q.is_cuda() || b == 0 || sq == 0 || sk == 0) return false;
   const auto dtype = q.scalar_type();
   const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
-  if (half && d == dv && d % 8 == 0 && d <= 256) {
-    auto r = at::_scaled_dot_product_flash_attention(qt.contiguous(), kt.contiguous(),
-                                                     vt.contiguous(), 0.0, false, false, scale);
+  const bool additive = mask.defined() || bias.defined();
+  if (half && !additive && d == dv && d % 8 == 0 && d <= 256) {
+    auto r = at::_scaled_dot_product_flash_attention(heads_first(q), heads_first(k), heads_first(v),
+                                                     0.0, false, false, scale);
     result->out = std::get<0>(r).transpose(1, 2);                  // [B, Sq, H, Dv]
     result->lse = std::get<1>(r).narrow(2, 0, sq).to(at::kFloat);  // [B, H, Sq]
     return true;
   }
-  if (d % 8 == 0 && dv % 8 == 0) {
-    auto r = at::_scaled_dot_product_efficient_attention(
-        qt.contiguous(), kt.contiguous(), vt.contiguous(), c10::nullopt, true, 0.0, false, scale);
-    result->out = std::get<0>(r).transpose(1, 2);
-    result->lse = std::get<1>(r).narrow(2, 0, sq).to(at::kFloat);  // padded to 32 in some versions
-    return true;
+  if (d % 8 != 0 || dv % 8 != 0) return false;
+  c10::optional<at::Tensor> attn_bias;
+  if (additive) attn_bias = fused_bias(mask, bias, b, h, sq, sk, q.options());
+  auto r = at::_scaled_dot_product_efficient_attention(
+      heads_first(q), heads_first(k), heads_first(v), attn_bias, true, 0.0, false, scale);
+  at::Tensor out = std::get<0>(r).transpose(1, 2);                  // [B, Sq, H, Dv]
+  at::Tensor lse = std::get<1>(r).narrow(2, 0, sq).to(at::kFloat);  // padded to 32 in some versions
+  if (additive) {
+    // A query whose keys are all masked: out 0 and lse -inf (the contract), whatever the kernel
+    // left there.
+    at::Tensor empty = lse.isnan().logical_or_(lse.isneginf());  // [B, H, Sq]
+    lse.masked_fill_(empty, -std::numeric_limits<double>::infinity());
+    out = out.masked_fill(empty.transpose(1, 2).unsqueeze(-1), 0.0);
   }
-  return false;
+  result->out = out;
+  result->lse = lse;
+  return true;
 }
 #endif
 
@@ -204,16 +257,18 @@ AttentionOutput attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
   at::Tensor mask = normalize_mask(opts.mask, b, h, sq, sk);
   if (mask.defined()) mask = mask.to(q.device());
+  at::Tensor bias = normalize_bias(opts.bias, b, h, sq, sk, q.device());
 #if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 1)
-  if (opts.allow_fused && !mask.defined()) {
+  if (opts.allow_fused) {
     AttentionOutput fused;
-    if (fused_attention(q, k, v, scale, &fused)) return fused;
+    if (fused_attention(q, k, v, mask, bias, scale, &fused)) return fused;
   }
 #endif
-  if (!mask.defined() && q.device().is_cpu() && sq > 0 && sk > 0 && q.scalar_type() != at::kHalf) {
+  if (!mask.defined() && !bias.defined() && q.device().is_cpu() && sq > 0 && sk > 0 &&
+      q.scalar_type() != at::kHalf) {
     return blocked_attention(q, k, v, scale, opts.query_chunk_size);
   }
-  return chunked_attention(q, k, v, mask, scale, opts.query_chunk_size);
+  return chunked_attention(q, k, v, mask, bias, scale, opts.query_chunk_size);
 }
 
 AttentionOutput merge_attention(const AttentionOutput& a, const AttentionOutput& b,

@@ -8,11 +8,13 @@
 //   lse  [B, H, Sq]         float32; -inf for a query whose keys are all masked (its out is 0)
 // Any strides are accepted ([B, S, H, D] views of [B, S, H*D] projections need no copy).
 //
-// CPU without a mask (float32, bf16): one (batch, head) at a time in query blocks whose scores
-// fit in cache; Q K^T, the softmax and its statistics in float32, P V in the input dtype with
-// float32 accumulation. CPU with a mask, or fp16: query chunks over all heads with every product
-// in float32 (memory O(chunk * Sk) per batch and head). CUDA on libtorch >= 2.1 without a mask:
-// the fused flash (fp16/bf16) or memory-efficient kernel; otherwise the chunked path.
+// CPU without a mask or bias (float32, bf16): one (batch, head) at a time in query blocks whose
+// scores fit in cache; Q K^T, the softmax and its statistics in float32, P V in the input dtype
+// with float32 accumulation. CPU with a mask or bias, or fp16: query chunks over all heads with
+// every product in float32 (memory O(chunk * Sk) per batch and head). CUDA on libtorch >= 2.1:
+// the fused kernels, reading Q, K, V in place (no copy unless the head dim is strided): flash
+// (fp16/bf16, head dim <= 256, no mask or bias), else memory-efficient (the mask and bias as one
+// additive bias); each returns the log-sum-exp. Otherwise the chunked path.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +30,15 @@ struct AttentionOptions {
   // Optional boolean mask, True = attend. Either a key mask [B, Sk] or a tensor broadcastable to
   // [B, H, Sq, Sk] (e.g. [B, 1, 1, Sk] or a pairwise [B, 1, Sq, Sk]). Undefined = no mask.
   at::Tensor mask;
+  // Optional additive float bias broadcastable to [B, H, Sq, Sk] (4-D, each dim full or 1), added
+  // to the scaled scores before the softmax: T5's relative position bias, CLIP's causal bias.
+  // -inf entries mask like `mask` does.
+  at::Tensor bias;
   // Queries per block/chunk on the CPU paths; 0 = automatic (blocked: about 1 MiB of float32
   // scores per block; chunked: about 16M score elements per chunk).
   int64_t query_chunk_size = 0;
-  // Allow the fused CUDA kernels (libtorch >= 2.1); false forces the chunked path.
+  // Allow the fused CUDA kernels (libtorch >= 2.1); false forces the chunked path (tests compare
+  // the two).
   bool allow_fused = true;
 };
 

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -23,13 +24,15 @@ struct Reference {
   at::Tensor lse;  // [B, H, Sq] float64
 };
 
-// Naive float64 reference; `mask` broadcastable to [B, H, Sq, Sk] (True = attend).
+// Naive float64 reference; `mask` broadcastable to [B, H, Sq, Sk] (True = attend), `bias`
+// additive and broadcastable to the same.
 Reference naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                const at::Tensor& mask = {}) {
+                const at::Tensor& mask = {}, const at::Tensor& bias = {}) {
   auto qd = q.to(at::kDouble).permute({0, 2, 1, 3});  // [B, H, Sq, D]
   auto kd = k.to(at::kDouble).permute({0, 2, 1, 3});
   auto vd = v.to(at::kDouble).permute({0, 2, 1, 3});
   auto s = at::matmul(qd, kd.transpose(-1, -2)) * scale;  // [B, H, Sq, Sk]
+  if (bias.defined()) s = s + bias.to(at::kDouble);
   if (mask.defined()) {
     s = s.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
   }
@@ -285,6 +288,79 @@ TEST(Attention, ShapeErrorsNameTheTensors) {
   expect_error([&] { attention(q, q, q, opts); }, "key mask");
   opts.mask = at::ones({1, 3}, at::kFloat);
   expect_error([&] { attention(q, q, q, opts); }, "boolean");
+}
+
+// An additive bias (T5's relative position bias, CLIP's causal bias) in every broadcast form,
+// alone and with a mask, and for every chunk size.
+TEST(Attention, AdditiveBiasMatchesNaive) {
+  at::manual_seed(11);
+  const int64_t b = 2, sq = 7, sk = 9, h = 3, d = 8;
+  auto q = at::randn({b, sq, h, d}), k = at::randn({b, sk, h, d}), v = at::randn({b, sk, h, d});
+  for (auto bias_shape : std::vector<std::vector<int64_t>>{
+           {b, h, sq, sk}, {1, h, sq, sk}, {b, 1, 1, sk}, {1, 1, sq, sk}}) {
+    at::Tensor bias = at::randn(bias_shape) * 3;
+    for (int64_t chunk : {0, 1, 3, 7}) {
+      AttentionOptions opts;
+      opts.bias = bias;
+      opts.query_chunk_size = chunk;
+      auto got = attention(q, k, v, opts);
+      auto want = naive(q, k, v, 1.0 / std::sqrt(8.0), {}, bias);
+      EXPECT_LE(max_rel_error(got.out.to(at::kDouble), want.out), 1e-5)
+          << "bias " << at::IntArrayRef(bias_shape) << " chunk " << chunk;
+      expect_lse_equal(got.lse, want.lse, 1e-5);
+    }
+  }
+  // With a key mask too; the float16 inputs of the CPU keep float32 statistics.
+  at::Tensor bias = at::randn({1, h, sq, sk});
+  at::Tensor mask = at::rand({b, sk}) > 0.3;
+  mask.select(1, 0).fill_(true);
+  AttentionOptions opts;
+  opts.bias = bias;
+  opts.mask = mask;
+  auto want = naive(q, k, v, 0.5, mask.view({b, 1, 1, sk}), bias);
+  opts.scale = 0.5;
+  auto got = attention(q, k, v, opts);
+  EXPECT_LE(max_rel_error(got.out.to(at::kDouble), want.out), 1e-5);
+  expect_lse_equal(got.lse, want.lse, 1e-5);
+  auto half = attention(q.to(at::kHalf), k.to(at::kHalf), v.to(at::kHalf), opts);
+  EXPECT_EQ(half.out.scalar_type(), at::kHalf);
+  EXPECT_LE(max_rel_error(half.out.to(at::kDouble), want.out), 5e-3);
+}
+
+// A bias of -inf over a whole row masks it as a mask does: out 0, lse -inf.
+TEST(Attention, MinusInfinityBiasRowIsEmpty) {
+  at::manual_seed(12);
+  auto q = at::randn({1, 4, 2, 8}), k = at::randn({1, 5, 2, 8}), v = at::randn({1, 5, 2, 8});
+  at::Tensor bias = at::zeros({1, 2, 4, 5});
+  bias.select(2, 1).fill_(-std::numeric_limits<double>::infinity());  // query 1, both heads
+  AttentionOptions opts;
+  opts.bias = bias;
+  auto got = attention(q, k, v, opts);
+  EXPECT_FALSE(at::isnan(got.out).any().item<bool>());
+  EXPECT_EQ(got.out.select(1, 1).abs().max().item<float>(), 0.0f);
+  EXPECT_TRUE(at::isneginf(got.lse.select(2, 1)).all().item<bool>());
+  auto want = naive(q, k, v, 1.0 / std::sqrt(8.0), {}, bias);
+  EXPECT_LE(max_rel_error(got.out.to(at::kDouble), want.out), 1e-5);
+  expect_lse_equal(got.lse, want.lse, 1e-5);
+}
+
+TEST(Attention, BiasErrorsNameTheBias) {
+  auto q = at::randn({1, 3, 2, 4});
+  AttentionOptions opts;
+  opts.bias = at::zeros({1, 2, 3, 4});  // Sk 4 != 3
+  try {
+    attention(q, q, q, opts);
+    FAIL() << "a bias of the wrong shape was accepted";
+  } catch (const xfuser::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bias [1, 2, 3, 4]"), std::string::npos) << e.what();
+  }
+  opts.bias = at::zeros({1, 2, 3, 3}, at::kInt);
+  try {
+    attention(q, q, q, opts);
+    FAIL() << "an integer bias was accepted";
+  } catch (const xfuser::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("floating point"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include "backends/attention.h"
+
 namespace xfuser::models::text_encoders {
 
 class ClipAttention : public Module {
@@ -15,21 +17,21 @@ class ClipAttention : public Module {
     out_proj_ = child("out_proj", std::make_shared<Linear>(dim, dim, true));
   }
 
-  // x [B, S, d]; bias fp32, broadcastable to [B, H, S, S] (additive), or undefined.
+  // x [B, S, d]; bias fp32, broadcastable to [B, H, S, S] (additive), or undefined. The one
+  // attention op (backends/attention.h): scores, bias and softmax in fp32 on the CPU, the fused
+  // memory-efficient kernel on a GPU.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& bias) const {
     const int64_t b = x.size(0), s = x.size(1);
-    const double scale = std::pow(static_cast<double>(head_dim_), -0.5);
-    auto heads = [&](const at::Tensor& t) {  // [B, S, H*D] -> [B, H, S, D]
-      return t.view({b, s, heads_, head_dim_}).transpose(1, 2);
+    auto heads = [&](const at::Tensor& t) {  // [B, S, H*D] -> [B, S, H, D]
+      return t.view({b, s, heads_, head_dim_});
     };
-    auto q = heads(q_proj_->forward(x) * scale);
-    auto k = heads(k_proj_->forward(x));
-    auto v = heads(v_proj_->forward(x));
-    auto scores = text_encoders::matmul(q, k.transpose(-1, -2)).to(at::kFloat);  // [B, H, S, S]
-    if (bias.defined()) scores = scores + bias;
-    auto probs = at::softmax(scores, -1).to(x.scalar_type());
-    auto out = text_encoders::matmul(probs, v).transpose(1, 2).reshape({b, s, heads_ * head_dim_});
-    return out_proj_->forward(out);  // [B, S, d]
+    backends::AttentionOptions opts;
+    opts.scale = std::pow(static_cast<double>(head_dim_), -0.5);
+    opts.bias = bias;
+    auto out = backends::attention(heads(q_proj_->forward(x)), heads(k_proj_->forward(x)),
+                                   heads(v_proj_->forward(x)), opts)
+                   .out;                                                 // [B, S, H, D]
+    return out_proj_->forward(out.reshape({b, s, heads_ * head_dim_}));  // [B, S, d]
   }
 
  private:

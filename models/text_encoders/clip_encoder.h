@@ -2,7 +2,8 @@
 // shared by the CLIP text tower (clip_text.h) and the CLIP vision tower
 // (models/image/clip_vision.h):
 //   layer_norm1 -> self_attn.{q,k,v,out}_proj (+ residual) -> layer_norm2 -> mlp.{fc1, fc2}
-//   (+ residual), every Linear with a bias, attention in eager form (scores and softmax in fp32).
+//   (+ residual), every Linear with a bias, attention through backends::attention (on the CPU the
+//   scores, bias and softmax in fp32, as the eager form).
 #pragma once
 
 #include <cstdint>

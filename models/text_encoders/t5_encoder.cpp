@@ -9,6 +9,7 @@
 #include <c10/util/Half.h>
 #include <nlohmann/json.hpp>
 
+#include "backends/attention.h"
 #include "backends/error.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/tensor_source.h"
@@ -177,18 +178,18 @@ class T5Attention : public Module {
   // x [B, S, d]; position_bias broadcastable to [B, H, S, S] (relative bias + mask).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& position_bias) const {
     const int64_t b = x.size(0), s = x.size(1);
-    auto heads = [&](const at::Tensor& t) {  // [B, S, H*dk] -> [B, H, S, dk]
-      return t.view({b, s, heads_, d_kv_}).transpose(1, 2);
+    auto heads = [&](const at::Tensor& t) {  // [B, S, H*dk] -> [B, S, H, dk]
+      return t.view({b, s, heads_, d_kv_});
     };
-    auto q = heads(q_->forward(x));
-    auto k = heads(k_->forward(x));
-    auto v = heads(v_->forward(x));
-    // No 1/sqrt(dk) scaling (folded into the initialisation); bias and softmax in fp32.
-    auto scores = text_encoders::matmul(q, k.transpose(-1, -2)).to(at::kFloat) +
-                  position_bias.to(at::kFloat);  // [B, H, S, S]
-    auto probs = at::softmax(scores, -1).to(x.scalar_type());
-    auto ctx = text_encoders::matmul(probs, v).transpose(1, 2).reshape({b, s, heads_ * d_kv_});
-    return o_->forward(ctx);  // [B, S, d]
+    // The one attention op (backends/attention.h). No 1/sqrt(dk) scaling (folded into the
+    // initialisation); the bias and softmax in fp32 on the CPU.
+    backends::AttentionOptions opts;
+    opts.scale = 1.0;
+    opts.bias = position_bias;
+    auto ctx = backends::attention(heads(q_->forward(x)), heads(k_->forward(x)),
+                                   heads(v_->forward(x)), opts)
+                   .out;                                      // [B, S, H, dk]
+    return o_->forward(ctx.reshape({b, s, heads_ * d_kv_}));  // [B, S, d]
   }
 
  private:
