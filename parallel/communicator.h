@@ -108,9 +108,9 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name);
 
   // Counters per operation kind ("all_reduce", "all_gather", "all_to_all", "broadcast", "send",
-  // "recv", "barrier").
-  const std::map<std::string, OpStats>& stats() const { return stats_; }
-  void reset_stats() { stats_.clear(); }
+  // "recv", "barrier"). A communicator made of others (TwoPlaneCommunicator) sums theirs.
+  virtual std::map<std::string, OpStats> stats() const { return stats_; }
+  virtual void reset_stats() { stats_.clear(); }
 
  protected:
   void count(const std::string& op, int64_t bytes, double seconds);

@@ -138,6 +138,13 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->group(kOpt)
       ->capture_default_str();
+  app.add_option("--comm_backend", c.comm_backend,
+                 "Collectives of CUDA tensors in a multi-rank run: nccl (one rank per GPU), mpi "
+                 "(through host memory; ranks may share a GPU) or auto (nccl when built in and no "
+                 "GPU is shared, else mpi). CPU tensors always use MPI")
+      ->check(CLI::IsMember({"auto", "nccl", "mpi"}))
+      ->group(kOpt)
+      ->capture_default_str();
 
   const char* kBench = "Benchmarking";
   app.add_option("--num_iterations", c.num_iterations, "Number of timed iterations")

@@ -70,6 +70,9 @@ struct RunConfig {
   std::string dtype;  // "", fp32, bf16, fp16 ("" = model default for the device)
   // auto (CUDA when this libtorch has it and a GPU is visible), cpu or cuda (backends/device.h).
   std::string device = "auto";
+  // Device-tensor plane of a multi-rank CUDA run: auto, nccl or mpi
+  // (parallel/two_plane_communicator.h: make_world_communicator).
+  std::string comm_backend = "auto";
 
   // Benchmarking
   int num_iterations = 1;

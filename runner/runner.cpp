@@ -246,6 +246,9 @@ ResolvedArgs Runner::preprocess_args() const {
   const bool video = spec.defaults.num_frames > 0;
   XF_CHECK(video || c.output_type == "video" /* the default */, "--output_type ", c.output_type,
            " is for video models; ", spec.id, " writes images");
+  XF_CHECK(!video || video_supported(), spec.id,
+           " writes MP4 video, and this xfuser was built without FFmpeg (XFUSER_WITH_FFMPEG=OFF): "
+           "rebuild with libavcodec, libavformat, libavutil and libswscale installed");
   // Parallel strategies the model does not support are errors naming the flag and the model.
   const auto& par = spec.parallelism;
   auto require_par = [&](bool used, bool supported, const std::string& flag) {
@@ -835,6 +838,8 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
     report["world_size"] = groups_ ? groups_->config().world_size() : 1;
     report["model"] = args.spec->id;
     report["device"] = backends::device_name(args.device);
+    // The plane of device tensors: "mpi+nccl", "mpi" (through host memory), or "none" (1 rank).
+    report["comm_backend"] = groups_ ? groups_->world().backend() : "none";
     report["config"] = {{"height", args.request.height},
                         {"width", args.request.width},
                         {"num_inference_steps", args.request.num_inference_steps},
@@ -919,7 +924,15 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
     struct rusage usage {};
     getrusage(RUSAGE_SELF, &usage);
     report["memory"] = {{"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024},
-                        {"device", "cpu"}};
+                        {"device", backends::device_name(args.device)}};
+    const backends::DeviceMemoryStats dev_mem = backends::device_memory_stats(args.device);
+    if (dev_mem.available) {
+      // The caching allocator's view of the GPU: what tensors hold, what it keeps, and peaks.
+      report["memory"]["device_allocated_bytes"] = dev_mem.allocated;
+      report["memory"]["device_reserved_bytes"] = dev_mem.reserved;
+      report["memory"]["device_peak_allocated_bytes"] = dev_mem.peak_allocated;
+      report["memory"]["device_peak_reserved_bytes"] = dev_mem.peak_reserved;
+    }
     // Writing this rank's images (saving happens once, after the timed iterations).
     report["save_seconds"] =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();

@@ -17,6 +17,7 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/mpi_env.h"
 #include "parallel/process_groups.h"
+#include "parallel/two_plane_communicator.h"
 #include "parallel/world_config.h"
 #include "runner/fault_handler.h"
 #include "runner/run_config.h"
@@ -72,7 +73,10 @@ int main(int argc, char** argv) {
     runner::validate_values(config);
     // The device before any CUDA or NCCL call (and before the mesh): --device cuda on a host
     // without one is an error on every rank.
-    backends::select_device(config.device);
+    const c10::Device device = backends::select_device(config.device);
+    XF_CHECK(config.comm_backend != "nccl" || device.is_cuda(),
+             "--comm_backend nccl needs --device cuda (this run is on ", device.str(),
+             "; NCCL moves CUDA tensors only)");
     // The degrees must multiply to the world size (the error names every degree).
     const auto world_config = parallel::WorldConfig::from_degrees(
         world_size, config.data_parallel_degree, config.use_cfg_parallel ? 2 : 1,
@@ -82,7 +86,10 @@ int main(int argc, char** argv) {
     if (world_size > 1) {
       const auto timeout =
           std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout * 1000));
-      auto world = std::make_shared<parallel::MpiCommunicator>("world", timeout);
+      // CPU tensors over MPI; on a GPU run, device tensors over NCCL (or MPI via host memory).
+      auto world =
+          parallel::make_world_communicator(config.comm_backend, device, mpi.local_size(),
+                                            backends::probe_devices().visible_gpus, timeout);
       groups = std::make_shared<parallel::ProcessGroups>(world_config, world);
     }
     const int threads = configure_threads(mpi.local_size());

@@ -178,4 +178,44 @@ TEST_F(DeviceRun, UnknownDeviceIsAFlagError) {
   EXPECT_NE(log.find("gpu"), std::string::npos) << log;
 }
 
+// --comm_backend nccl moves CUDA tensors only: on a CPU run it is an error naming both flags,
+// before anything loads; an unknown backend is a flag error.
+TEST_F(DeviceRun, CommBackendNcclNeedsCuda) {
+  std::string log;
+  int rc = xfuser::testing::run_command(
+      bin("xfuser-run") + run_ + " --device cpu --comm_backend nccl", &log);
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(log.find("--comm_backend nccl needs --device cuda"), std::string::npos) << log;
+  EXPECT_EQ(log.find("loading"), std::string::npos) << log;
+  rc = xfuser::testing::run_command(bin("xfuser-run") + run_ + " --comm_backend gloo", &log);
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(log.find("--comm_backend"), std::string::npos) << log;
+}
+
+// On the CPU the uploader is what loading always did: a view when the dtype matches (no copy of
+// a memory-mapped weight), else one conversion; nothing is counted as uploaded.
+TEST(DeviceUploader, CpuIsAViewOrOneConversion) {
+  xfuser::backends::DeviceUploader up(at::Device(at::kCPU));
+  at::Tensor w = at::randn({4, 6});
+  at::Tensor same = up.upload(w, at::kFloat);
+  EXPECT_EQ(same.data_ptr(), w.data_ptr());
+  at::Tensor strided = w.t();
+  at::Tensor bf = up.upload(strided, at::kBFloat16);
+  EXPECT_EQ(bf.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(bf, strided.to(at::kBFloat16)));
+  up.finish();
+  EXPECT_EQ(up.bytes_uploaded(), 0);
+}
+
+TEST(DeviceUploader, ErrorsNameTheDevice) {
+  EXPECT_NE(error_of([] {
+              xfuser::backends::DeviceUploader up(at::Device(at::kMeta));
+            }).find("cannot be loaded to device meta"),
+            std::string::npos);
+  xfuser::backends::DeviceUploader up(at::Device(at::kCPU));
+  const std::string msg = error_of([&] { up.upload(at::empty({2}, at::kMeta), at::kFloat); });
+  EXPECT_NE(msg.find("the source tensor is on meta, expected host memory"), std::string::npos)
+      << msg;
+}
+
 }  // namespace

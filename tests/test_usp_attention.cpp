@@ -411,12 +411,14 @@ TEST(UspAttention, CommunicatedBytesEqualTheFormula) {
         usp.attention(q, q, q, shape.text_tokens, true);
 
         auto bytes = [](Communicator& comm, const char* op) {
-          auto it = comm.stats().find(op);
-          return it == comm.stats().end() ? int64_t{0} : it->second.bytes;
+          const auto stats = comm.stats();  // a copy: stats() returns by value
+          auto it = stats.find(op);
+          return it == stats.end() ? int64_t{0} : it->second.bytes;
         };
         auto calls = [](Communicator& comm, const char* op) {
-          auto it = comm.stats().find(op);
-          return it == comm.stats().end() ? int64_t{0} : it->second.calls;
+          const auto stats = comm.stats();
+          auto it = stats.find(op);
+          return it == stats.end() ? int64_t{0} : it->second.calls;
         };
         const CommVolume uv = ulysses_comm_volume(shape), rv = ring_comm_volume(shape);
         const CommVolume total = usp_comm_volume(shape);
