@@ -3,7 +3,8 @@
 //
 // - libtorch 1.x (Debian's 1.13): the legacy profiler (enableProfilerLegacy /
 //   disableProfilerLegacy): per-thread lists of push/pop LegacyEvents, matched by handle.
-// - libtorch 2.x: kineto (enableProfiler / disableProfiler -> KinetoEvent start and duration).
+// - libtorch 2.x: kineto (enableProfiler / disableProfiler -> KinetoEvent start and duration),
+//   with the GPU's kernels and copies (CUPTI) when a GPU is visible.
 // Both stamp events with CLOCK_REALTIME; they are moved onto the trace clock (steady) with an
 // offset measured when the events are converted.
 #include "profiling/torch_ops.h"
@@ -18,6 +19,8 @@
 #include <set>
 #include <string>
 
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/util/Exception.h>
 
 #if defined(__has_include)
@@ -152,8 +155,12 @@ std::string start_torch_ops() {
   try {
     const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
                                                        /*report_input_shapes=*/true);
-    const std::set<torch::profiler::impl::ActivityType> activities{
+    std::set<torch::profiler::impl::ActivityType> activities{
         torch::profiler::impl::ActivityType::CPU};
+    // GPU kernels and copies (CUPTI) when this libtorch has CUDA and a GPU is visible.
+    if (at::hasCUDA() && at::detail::getCUDAHooks().getNumGPUs() > 0) {
+      activities.insert(torch::profiler::impl::ActivityType::CUDA);
+    }
     tap::prepareProfiler(config, activities);
     tap::enableProfiler(config, activities);
     return "";
@@ -168,10 +175,11 @@ std::vector<TraceEvent> stop_torch_ops(bool keep) {
   if (!keep || !result) return out;
   const int64_t offset = realtime_minus_steady_ns();
   for (const auto& e : result->events()) {
-    if (e.deviceType() != c10::DeviceType::CPU) continue;
+    const bool gpu = e.deviceType() == c10::DeviceType::CUDA;
+    if (e.deviceType() != c10::DeviceType::CPU && !gpu) continue;
     TraceEvent t;
     t.name = e.name();
-    t.category = "aten";
+    t.category = gpu ? "gpu" : "aten";
 #if XFUSER_TORCH_MAJOR > 2 || XFUSER_TORCH_MINOR >= 3
     const auto begin_ns = static_cast<int64_t>(e.startNs());
     const auto end_ns = begin_ns + static_cast<int64_t>(e.durationNs());
@@ -180,7 +188,9 @@ std::vector<TraceEvent> stop_torch_ops(bool keep) {
     const auto end_ns = begin_ns + static_cast<int64_t>(e.durationUs()) * 1000;
 #endif
     set_span(t, begin_ns, end_ns, offset);
-    t.tid = kTorchOpsTidBase + e.startThreadId();
+    // GPU activity on one track per device (kGpuTidBase + device index).
+    t.tid = gpu ? kGpuTidBase + static_cast<uint64_t>(std::max<int64_t>(0, e.deviceIndex()))
+                : kTorchOpsTidBase + e.startThreadId();
     if (e.hasShapes()) {
       std::vector<std::vector<int64_t>> shapes(e.shapes().begin(), e.shapes().end());
       if (has_shape(shapes)) t.args = {{"input_shapes", shapes_json(shapes)}};

@@ -22,5 +22,7 @@ std::string start_torch_ops();
 std::vector<TraceEvent> stop_torch_ops(bool keep);
 
 constexpr uint64_t kTorchOpsTidBase = 1000000;
+// Trace thread ids of GPU activity (kernels, copies) recorded by kineto: kGpuTidBase + device.
+constexpr uint64_t kGpuTidBase = 2000000;
 
 }  // namespace xfuser::profiling::detail

@@ -124,9 +124,13 @@ nlohmann::json TraceRecorder::to_json() const {
       if (id == tid) name = n;
     }
     if (name.empty()) {
-      name = tid >= detail::kTorchOpsTidBase
-                 ? "aten ops (thread " + std::to_string(tid - detail::kTorchOpsTidBase) + ")"
-                 : "thread " + std::to_string(tid);
+      if (tid >= detail::kGpuTidBase) {
+        name = "gpu " + std::to_string(tid - detail::kGpuTidBase) + " (kernels, copies)";
+      } else if (tid >= detail::kTorchOpsTidBase) {
+        name = "aten ops (thread " + std::to_string(tid - detail::kTorchOpsTidBase) + ")";
+      } else {
+        name = "thread " + std::to_string(tid);
+      }
     }
     events.push_back({{"ph", "M"},
                       {"name", "thread_name"},
