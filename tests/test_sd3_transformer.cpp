@@ -336,7 +336,9 @@ TEST_F(SD3Test, TimestepIsReadAsFloatAndBroadcasts) {
   auto in = random_inputs(c, 2, 8, 8, 3);  // int64 timesteps [500, 500]
   auto want = model.call("forward", in).at("sample");
   in["timestep"] = at::tensor({500.0f});  // float, one value for the batch
-  EXPECT_TRUE(at::allclose(model.call("forward", in).at("sample"), want, 1e-6, 1e-7));
+  // Equal up to the kernels' batch-size dependent summation order (libtorch 2.x vectorises the
+  // [1, D] and [2, D] embeddings differently).
+  EXPECT_LE(max_rel_error(model.call("forward", in).at("sample"), want), 1e-6);
   in["timestep"] = at::tensor({500.0f, 20.0f});
   EXPECT_FALSE(at::allclose(model.call("forward", in).at("sample"), want, 1e-3, 1e-4));
 }
