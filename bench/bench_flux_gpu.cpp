@@ -1,0 +1,164 @@
+// The FLUX.1-dev transformer at full size on one device: ms per denoising step and s per 28-step
+// image (transformer forwards only), MFU against the GEMM peak measured in the same run.
+//   bench_flux_gpu [--device cuda|cpu] [--dtype bf16|fp16|fp32] [--height 1024] [--width 1024]
+//                  [--text-tokens 512] [--heads 24] [--double-blocks 19] [--single-blocks 38]
+//                  [--steps 28] [--reps 10] [--warmup 3] [--gemm-size 8192] [--seed 0]
+//                  [--out FILE]
+// The weights are seeded random values made on the device (no checkpoint: FLUX.1-dev is 24 GB),
+// N(0, 0.02) per tensor. The image is 1024x1024 -> a 128x128 latent -> 64x64 = 4096 tokens of
+// 2x2 patches (in_channels 64), plus 512 text tokens. Smaller --heads / blocks / sizes run the
+// same code on a CPU (a smoke test of the program). bench/gpu_flux.sh runs it beside diffusers'
+// FluxTransformer2DModel, eager and under torch.compile (bench/flux_gpu_diffusers.py).
+#include <numeric>
+
+#include "backends/attention.h"
+#include "backends/device.h"
+#include "bench/bench_common.h"
+#include "bench/bench_flux_configs.h"
+#include "models/common/kernels.h"
+#include "models/flux/flux_transformer.h"
+
+namespace xb = xfuser::bench;
+using xfuser::models::flux::FluxConfig;
+using xfuser::models::flux::FluxInputs;
+using xfuser::models::flux::FluxTransformer2DModel;
+
+namespace {
+
+c10::ScalarType parse_dtype(const std::string& name) {
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  if (name == "fp32") return at::kFloat;
+  XF_THROW("--dtype must be bf16, fp16 or fp32, got '", name, "'");
+}
+
+// Seconds of `fn` on `device`, the device synchronised before and after.
+template <typename F>
+double timed(const at::Device& device, F&& fn) {
+  xfuser::backends::synchronize_device(device);
+  const double t0 = xb::now_seconds();
+  fn();
+  xfuser::backends::synchronize_device(device);
+  return xb::now_seconds() - t0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    xb::Args args(argc, argv, {});
+    args.check_known({"device", "dtype", "height", "width", "text-tokens", "heads", "double-blocks",
+                      "single-blocks", "steps", "reps", "warmup", "gemm-size", "seed", "threads",
+                      "out"});
+    const std::string device_name = args.get("device", "cuda");
+    const at::Device device = xfuser::backends::select_device(device_name);
+    const c10::ScalarType dtype = parse_dtype(args.get("dtype", "bf16"));
+    const int64_t height = args.get_int("height", 1024), width = args.get_int("width", 1024);
+    XF_CHECK(height > 0 && width > 0 && height % 16 == 0 && width % 16 == 0,
+             "--height and --width must be positive multiples of 16");
+    const int64_t text_tokens = args.get_int("text-tokens", 512);
+    const int steps = static_cast<int>(args.get_int("steps", 28));
+    const int reps = static_cast<int>(args.get_int("reps", 10));
+    const int warmup = static_cast<int>(args.get_int("warmup", 3));
+    XF_CHECK(reps >= 1 && warmup >= 0 && steps >= 1 && text_tokens >= 1,
+             "--reps, --steps and --text-tokens must be >= 1, --warmup >= 0");
+    const bool openblas = xb::set_threads(static_cast<int>(args.get_int("threads", 1)));
+    c10::InferenceMode guard;
+
+    FluxConfig cfg;  // FLUX.1-dev's transformer/config.json
+    cfg.patch_size = 1;
+    cfg.in_channels = 64;
+    cfg.num_layers = args.get_int("double-blocks", 19);
+    cfg.num_single_layers = args.get_int("single-blocks", 38);
+    cfg.attention_head_dim = 128;
+    cfg.num_attention_heads = args.get_int("heads", 24);
+    cfg.joint_attention_dim = 4096;
+    cfg.pooled_projection_dim = 768;
+    cfg.guidance_embeds = true;
+    cfg.axes_dims_rope = {16, 56, 56};
+    cfg.validate("bench_flux_gpu");
+    const int64_t gh = height / 16, gw = width / 16, n = gh * gw;
+
+    // Weights: seeded N(0, 0.02) made on the device.
+    at::manual_seed(static_cast<uint64_t>(args.get_int("seed", 0)));
+    FluxTransformer2DModel model(cfg);
+    const double t_init = timed(device, [&] {
+      for (auto& [name, slot] : model.named_parameters()) {
+        slot->tensor = at::empty(slot->shape, at::TensorOptions().dtype(dtype).device(device))
+                           .normal_(0.0, 0.02);
+      }
+    });
+    // Device-generic ops: the CPU's hand-written kernels are not used on a GPU.
+    xfuser::models::KernelScope kernels(&xfuser::models::KernelTable::eager());
+
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    FluxInputs in;
+    in.hidden_states = at::randn({1, n, cfg.in_channels}, f32);
+    in.encoder_hidden_states = at::randn({1, text_tokens, cfg.joint_attention_dim}, f32);
+    in.pooled_projections = at::randn({1, cfg.pooled_projection_dim}, f32);
+    in.timestep = at::full({1}, 0.5, f32);
+    in.guidance = at::full({1}, 3.5, f32);
+    auto rows = at::arange(gh, f32).repeat_interleave(gw);
+    auto cols = at::arange(gw, f32).repeat({gh});
+    in.img_ids = at::stack({at::zeros({n}, f32), rows, cols}, 1);  // [N, 3]
+    in.txt_ids = at::zeros({text_tokens, 3}, f32);                 // [L, 3]
+
+    at::Tensor out;
+    for (int i = 0; i < warmup; ++i) out = model.forward(in);
+    std::vector<double> times;
+    for (int i = 0; i < reps; ++i) times.push_back(timed(device, [&] { out = model.forward(in); }));
+    XF_CHECK(out.size(1) == n && at::isfinite(out.to(at::kFloat)).all().item<bool>(),
+             "the forward gave ", out.sizes(), " or non-finite values");
+    const double med = xb::median(times);
+    const double flops = xb::forward_flops(cfg, n + text_tokens);
+
+    // The GEMM peak of this device and dtype, measured now: the best of square products.
+    const int64_t g = args.get_int("gemm-size", device.is_cuda() ? 8192 : 1024);
+    const auto gopts = at::TensorOptions().dtype(dtype).device(device);
+    at::Tensor a = at::randn({g, g}, gopts), b = at::randn({g, g}, gopts),
+               c = at::empty({g, g}, gopts);
+    at::mm_out(c, a, b);
+    double best = 1e300;
+    for (int i = 0; i < 10; ++i) best = std::min(best, timed(device, [&] { at::mm_out(c, a, b); }));
+    const double peak = 2.0 * static_cast<double>(g) * g * g / best;
+
+    const auto mem = xfuser::backends::device_memory_stats(device);
+    nlohmann::json result = {
+        {"benchmark", "flux_dev_transformer"},
+        {"engine", "xfuser"},
+        {"device", device.str()},
+        {"dtype", args.get("dtype", "bf16")},
+        {"height", height},
+        {"width", width},
+        {"image_tokens", n},
+        {"text_tokens", text_tokens},
+        {"heads", cfg.num_attention_heads},
+        {"double_blocks", cfg.num_layers},
+        {"single_blocks", cfg.num_single_layers},
+        {"parameters", model.num_parameters()},
+        {"init_seconds", t_init},
+        {"warmup", warmup},
+        {"seconds", times},
+        {"ms_per_step", med * 1e3},
+        {"min_ms_per_step", *std::min_element(times.begin(), times.end()) * 1e3},
+        {"steps", steps},
+        {"s_per_image_transformer", med * steps},
+        {"flops_per_step", flops},
+        {"tflop_per_s", flops / med / 1e12},
+        {"gemm_size", g},
+        {"gemm_peak_tflop_per_s", peak / 1e12},
+        {"mfu", flops / med / peak},
+        {"device_peak_allocated_bytes", mem.available ? mem.peak_allocated : 0},
+        {"environment",
+         xb::environment_json(static_cast<int>(args.get_int("threads", 1)), openblas)}};
+    std::cerr << "xfuser flux-dev " << device.str() << " " << args.get("dtype", "bf16") << ": "
+              << med * 1e3 << " ms/step, " << med * steps << " s per " << steps
+              << "-step image, MFU " << flops / med / peak << " (GEMM peak " << peak / 1e12
+              << " TFLOP/s)\n";
+    xb::emit_json(args, result);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_flux_gpu: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,216 @@
+// GPU checks (label gpu; each test skips itself without a CUDA libtorch and a visible GPU):
+// - the fused attention kernels (flash, memory-efficient with the mask and bias folded into one
+//   additive bias) equal the chunked path on the same GPU, out and log-sum-exp, in fp32, bf16
+//   and fp16, on strided [B, S, H, D] views, with fully masked rows;
+// - weights uploaded through the pinned staging buffers equal their host values;
+// - the tiny FLUX pipeline on cuda equals the CPU: fp32 final latents within 1e-4 relative, bf16
+//   within its own noise (its distance to CPU fp32 at most twice that of CPU bf16, plus a
+//   floor); the run report names the device and the caching allocator's memory;
+// - two ranks sharing one GPU over the MPI plane (--comm_backend mpi) equal one rank;
+// - --profile on cuda records GPU activity (kineto's CUDA activities) on a "gpu" track.
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/attention.h"
+#include "backends/device.h"
+#include "tests/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using xfuser::backends::attention;
+using xfuser::backends::AttentionOptions;
+using xfuser::testing::max_rel_error;
+
+bool have_gpu() { return at::hasCUDA() && at::detail::getCUDAHooks().getNumGPUs() > 0; }
+
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA libtorch and a visible GPU"
+
+const at::Device kCuda(at::kCUDA, 0);
+
+void expect_attention_equal(const xfuser::backends::AttentionOutput& fused,
+                            const xfuser::backends::AttentionOutput& ref, double tol,
+                            const std::string& what) {
+  EXPECT_EQ(fused.out.scalar_type(), ref.out.scalar_type()) << what;
+  EXPECT_FALSE(at::isnan(fused.out).any().item<bool>()) << what;
+  EXPECT_LE(max_rel_error(fused.out.to(at::kDouble).cpu(), ref.out.to(at::kDouble).cpu()), tol)
+      << what;
+  const at::Tensor lf = fused.lse.cpu(), lr = ref.lse.cpu();
+  const at::Tensor finite = at::isfinite(lr);
+  EXPECT_TRUE(at::equal(at::isfinite(lf), finite)) << what << ": -inf rows differ";
+  if (finite.any().item<bool>()) {
+    EXPECT_LE((lf.masked_select(finite) - lr.masked_select(finite)).abs().max().item<double>(),
+              20 * tol)
+        << what;
+  }
+}
+
+TEST(GpuAttention, FusedKernelsEqualTheChunkedPath) {
+  REQUIRE_GPU();
+  at::manual_seed(3);
+  const int64_t b = 2, sq = 77, sk = 93, h = 4, d = 64;
+  for (auto [dtype, tol] :
+       {std::pair{at::kFloat, 2e-5}, std::pair{at::kBFloat16, 2e-2}, std::pair{at::kHalf, 3e-3}}) {
+    const auto opts = at::TensorOptions().dtype(dtype).device(kCuda);
+    // Strided views of fused projections, as the models pass them: [B, S, H*D] -> [B, S, H, D].
+    at::Tensor qkv = at::randn({b, sq, 3 * h * d}, opts);
+    at::Tensor q = qkv.narrow(2, 0, h * d).view({b, sq, h, d});
+    at::Tensor k = at::randn({b, sk, h, d}, opts), v = at::randn({b, sk, h, d}, opts);
+    at::Tensor key_mask = at::rand({b, sk}, kCuda) > 0.4;
+    key_mask.select(1, 0).fill_(true);
+    at::Tensor bias = at::randn({1, h, sq, sk}, at::TensorOptions().device(kCuda));
+    at::Tensor pair_mask =
+        at::ones({b, 1, sq, sk}, at::TensorOptions().dtype(at::kBool).device(kCuda));
+    pair_mask.select(2, 5).fill_(false);  // query 5 sees no key
+    struct Case {
+      const char* name;
+      at::Tensor mask, bias;
+    };
+    for (const Case& c :
+         {Case{"plain", {}, {}}, Case{"key mask", key_mask, {}}, Case{"bias", {}, bias},
+          Case{"mask and bias", key_mask, bias}, Case{"fully masked row", pair_mask, {}}}) {
+      AttentionOptions fused, chunked;
+      fused.mask = chunked.mask = c.mask;
+      fused.bias = chunked.bias = c.bias;
+      chunked.allow_fused = false;
+      const std::string what = std::string(c.name) + " " + c10::toString(dtype);
+      expect_attention_equal(attention(q, k, v, fused), attention(q, k, v, chunked), tol, what);
+    }
+  }
+}
+
+TEST(GpuUploader, CopiesThroughPinnedStagingEqualTheHost) {
+  REQUIRE_GPU();
+  at::manual_seed(4);
+  xfuser::backends::DeviceUploader up(kCuda);
+  std::vector<std::pair<at::Tensor, at::Tensor>> pairs;  // (host, uploaded)
+  int64_t bytes = 0;
+  for (int i = 0; i < 40; ++i) {
+    const int64_t n = i % 7 == 0 ? 0 : (i * 7919) % 300000 + 1;
+    at::Tensor host = at::randn({n});
+    if (i % 3 == 1) host = at::randn({n, 2}).t();  // strided source
+    const auto dtype = i % 2 ? at::kBFloat16 : at::kFloat;
+    pairs.emplace_back(host, up.upload(host, dtype));
+    bytes += host.numel() * static_cast<int64_t>(c10::elementSize(dtype));
+  }
+  up.finish();
+  EXPECT_EQ(up.bytes_uploaded(), bytes);
+  for (const auto& [host, dev] : pairs) {
+    EXPECT_TRUE(dev.is_cuda());
+    EXPECT_TRUE(dev.is_contiguous());
+    EXPECT_TRUE(at::equal(dev.cpu(), host.to(dev.scalar_type()))) << host.sizes();
+  }
+}
+
+class GpuRun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("XFUSER_CACHE", (xfuser::testing::binary_dir() / "test-cache").c_str(), 1);
+  }
+  static std::string bin(const std::string& name) {
+    return (xfuser::testing::binary_dir() / "bin" / name).string();
+  }
+  // Runs tiny-flux and returns its final latents (float32, CPU); `extra` adds flags.
+  static at::Tensor final_latents(const fs::path& out, const std::string& extra,
+                                  const std::string& prefix = "") {
+    std::string log;
+    const int rc = xfuser::testing::run_command(
+        prefix + bin("xfuser-run") +
+            " --model tiny-flux --prompt 'a red cat' --height 64 --width 48 "
+            "--num_inference_steps 4 --max_sequence_length 8 --seed 42 --save_latents "
+            "--output_directory " +
+            out.string() + " " + extra,
+        &log);
+    EXPECT_EQ(rc, 0) << log;
+    for (const auto& entry : fs::directory_iterator(out)) {
+      const std::string name = entry.path().filename().string();
+      if (name.size() > 20 && name.find(".latents.safetensors") != std::string::npos) {
+        return xfuser::testing::read_tensors(entry.path()).at("final_latents");
+      }
+    }
+    ADD_FAILURE() << "no latents written: " << log;
+    return {};
+  }
+};
+
+TEST_F(GpuRun, TinyPipelineOnCudaEqualsTheCpu) {
+  REQUIRE_GPU();
+  xfuser::testing::TempDir dir;
+  const auto run = [&](const std::string& name, const std::string& flags) {
+    fs::create_directories(dir / name);
+    return final_latents(dir / name, flags);
+  };
+  const at::Tensor cpu32 = run("cpu32", "--device cpu --dtype fp32");
+  const at::Tensor gpu32 = run("gpu32", "--device cuda --dtype fp32");
+  const at::Tensor cpu16 = run("cpubf16", "--device cpu --dtype bf16");
+  const at::Tensor gpu16 = run("gpubf16", "--device cuda --dtype bf16");
+  ASSERT_TRUE(cpu32.defined() && gpu32.defined() && cpu16.defined() && gpu16.defined());
+  const double fp32 = max_rel_error(gpu32, cpu32);
+  const double noise = max_rel_error(cpu16, cpu32);
+  const double bf16 = max_rel_error(gpu16, cpu32);
+  std::printf("cuda fp32 vs cpu fp32: %.3g; bf16: cuda %.3g, cpu %.3g (vs cpu fp32)\n", fp32, bf16,
+              noise);
+  RecordProperty("cuda_fp32_rel", std::to_string(fp32));
+  RecordProperty("cuda_bf16_rel", std::to_string(bf16));
+  RecordProperty("cpu_bf16_rel", std::to_string(noise));
+  EXPECT_LE(fp32, 1e-4);
+  EXPECT_LE(bf16, 2 * noise + 1e-2);
+
+  const auto report = xfuser::testing::read_json(dir / "gpu32" / "timings_rank0.json");
+  EXPECT_EQ(report["device"], "cuda:0");
+  EXPECT_GT(report["memory"]["device_peak_allocated_bytes"].get<int64_t>(), 0);
+  EXPECT_GE(report["memory"]["device_reserved_bytes"].get<int64_t>(),
+            report["memory"]["device_allocated_bytes"].get<int64_t>());
+}
+
+TEST_F(GpuRun, TwoRanksSharingOneGpuOverMpiEqualOne) {
+  REQUIRE_GPU();
+  if (xfuser::testing::run_command("command -v mpirun >/dev/null") != 0) {
+    GTEST_SKIP() << "no mpirun on this host";
+  }
+  xfuser::testing::TempDir dir;
+  fs::create_directories(dir / "one");
+  fs::create_directories(dir / "two");
+  const at::Tensor one = final_latents(dir / "one", "--device cuda --dtype fp32");
+  const at::Tensor two =
+      final_latents(dir / "two", "--device cuda --dtype fp32 --ulysses_degree 2 --comm_backend mpi",
+                    xfuser::testing::mpirun_prefix(2, 600));
+  ASSERT_TRUE(one.defined() && two.defined());
+  const double err = max_rel_error(two, one);
+  std::printf("2 ranks on one GPU (ulysses 2, MPI plane) vs 1 rank: %.3g\n", err);
+  RecordProperty("two_ranks_rel", std::to_string(err));
+  EXPECT_LE(err, 1e-5);
+  const auto report = xfuser::testing::read_json(dir / "two" / "timings_rank1.json");
+  EXPECT_EQ(report["comm_backend"], "mpi");
+}
+
+TEST_F(GpuRun, ProfileRecordsGpuActivity) {
+  REQUIRE_GPU();
+  xfuser::testing::TempDir dir;
+  std::string log;
+  const int rc = xfuser::testing::run_command(
+      bin("xfuser-run") +
+          " --model tiny-flux --prompt 'a cat' --height 32 --width 32 --num_inference_steps 2 "
+          "--max_sequence_length 8 --device cuda --profile --output_directory " +
+          dir.path().string(),
+      &log);
+  ASSERT_EQ(rc, 0) << log;
+  const auto trace = xfuser::testing::read_json(dir / "profile_trace_rank_0.json");
+  int gpu_events = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("cat", "") == "gpu") ++gpu_events;
+  }
+  std::printf("GPU events in the trace: %d\n", gpu_events);
+  EXPECT_GT(gpu_events, 0);
+}
+
+}  // namespace
