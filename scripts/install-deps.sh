@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package that xfuser's build, tests, benchmarks and fast CPU math need.
 # Idempotent: when everything is present it prints nothing and exits 0.
-# Usage: scripts/install-deps.sh [--with-fuzz]   (run as root or with sudo available)
+# Usage: scripts/install-deps.sh [--with-fuzz] [--with-python]   (as root or with sudo available)
 set -euo pipefail
 
 PACKAGES=(
@@ -18,9 +18,14 @@ PACKAGES=(
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev jq
 )
-if [[ "${1:-}" == "--with-fuzz" ]]; then
-  PACKAGES+=(clang-14 libclang-rt-14-dev)
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --with-fuzz) PACKAGES+=(clang-14 libclang-rt-14-dev) ;;
+    # scripts/cuda-libtorch.sh (PyPI's CUDA torch in a venv) and the fixture generator
+    --with-python) PACKAGES+=(python3 python3-venv) ;;
+    *) echo "install-deps: unknown option $arg (--with-fuzz, --with-python)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -149,7 +149,9 @@ TEST_F(ParallelHunyuanVideo15Vae, RandomLatentsUnevenAndSingleRowBands) {
   const at::Tensor z2 = at::randn({2, 4, 2, p + 1, 4});
   const at::Tensor whole = check(*vae, z2, "batch 2");
   vae->enable_slicing();
-  EXPECT_LE(max_rel_error(check(*vae, z2, "batch 2"), whole), 1e-6);
+  // One item at a time against the batch of 2: libtorch 2.x's convolutions sum in a
+  // batch-size-dependent order (1.1e-6 on 2.15).
+  EXPECT_LE(max_rel_error(check(*vae, z2, "batch 2"), whole), 1e-5);
 }
 
 // The band edges: without the neighbours' halo rows (each band replicating its own edge rows) the

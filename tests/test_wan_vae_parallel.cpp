@@ -143,8 +143,9 @@ TEST_F(ParallelWanVae, EveryLayerUsesTheContextNotJustTheEnds) {
   const double rel = max_rel_error(top, want.narrow(3, 0, top.size(3)));
   std::printf("[wan_vae_parallel] band decoded without neighbours: max rel error %.2e\n", rel);
   EXPECT_GT(rel, 1e-3);
-  // The base context on the whole latent is the serial decode.
-  EXPECT_LE(max_rel_error(vae->decode(z, &isolated), want), 1e-6);
+  // The base context on the whole latent is the serial decode (up to the convolutions'
+  // summation order, which libtorch 2.x varies with the call: 2.2e-6 on 2.15, 0 on 1.13).
+  EXPECT_LE(max_rel_error(vae->decode(z, &isolated), want), 1e-5);
 }
 
 TEST_F(ParallelWanVae, BadLatentsAreClearErrorsOnEveryRank) {
