@@ -2,6 +2,8 @@
 # Configures, builds and runs the default test set (everything but tests labelled "slow").
 # Usage: scripts/test.sh [build-dir] [extra ctest args...]
 #   XFUSER_FIXTURES=/path/to/fixtures   reference data (default tests/fixtures, committed)
+#   TORCH_DIR=...   build against that libtorch (default Debian's libtorch-dev); CI passes PyPI's
+#                   CUDA torch from scripts/cuda-libtorch.sh (the tests run on the CPU)
 #   scripts/test.sh build -L slow               run the slow tests only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +11,9 @@ BUILD_DIR="${1:-build}"
 shift || true
 GEN=()
 command -v ninja >/dev/null && [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]] && GEN=(-G Ninja)
-cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
+TORCH=()
+[[ -n "${TORCH_DIR:-}" ]] && TORCH=(-DTorch_DIR="$TORCH_DIR")
+cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release "${TORCH[@]}" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 # mpirun as root (CI, containers) needs these; harmless otherwise.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
