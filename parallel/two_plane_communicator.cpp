@@ -51,6 +51,17 @@ at::Tensor host_buffer(const at::Tensor& t) {
   return at::empty(t.sizes(), t.options().device(at::kCPU));
 }
 
+// CPU tensors (and undefined ones, which the host plane reports) go to the host plane as they are.
+bool on_host(const at::Tensor& t) { return !t.defined() || t.is_cpu(); }
+
+// Runs the in-place operation `op` on a host copy of device tensor `t`, then copies it back.
+template <typename F>
+void through_host(at::Tensor& t, F&& op) {
+  at::Tensor h = host_copy(t);
+  op(h);
+  t.copy_(h);
+}
+
 }  // namespace
 
 TwoPlaneCommunicator::TwoPlaneCommunicator(std::shared_ptr<Communicator> host,
@@ -76,41 +87,37 @@ Communicator* TwoPlaneCommunicator::plane_for(const at::Tensor& t) const {
 
 void TwoPlaneCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
   if (auto* dev = plane_for(tensor)) return dev->all_reduce(tensor, op);
-  if (!tensor.defined() || tensor.is_cpu()) return host_->all_reduce(tensor, op);
-  at::Tensor h = host_copy(tensor);
-  host_->all_reduce(h, op);
-  tensor.copy_(h);
+  if (on_host(tensor)) return host_->all_reduce(tensor, op);
+  through_host(tensor, [&](at::Tensor& h) { host_->all_reduce(h, op); });
 }
 
 at::Tensor TwoPlaneCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
   if (auto* dev = plane_for(tensor)) return dev->all_gather(tensor, dim);
-  if (!tensor.defined() || tensor.is_cpu()) return host_->all_gather(tensor, dim);
+  if (on_host(tensor)) return host_->all_gather(tensor, dim);
   return host_->all_gather(host_copy(tensor), dim).to(tensor.device());
 }
 
 at::Tensor TwoPlaneCommunicator::all_to_all(const at::Tensor& input) {
   if (auto* dev = plane_for(input)) return dev->all_to_all(input);
-  if (!input.defined() || input.is_cpu()) return host_->all_to_all(input);
+  if (on_host(input)) return host_->all_to_all(input);
   return host_->all_to_all(host_copy(input)).to(input.device());
 }
 
 void TwoPlaneCommunicator::broadcast(at::Tensor& tensor, int root) {
   if (auto* dev = plane_for(tensor)) return dev->broadcast(tensor, root);
-  if (!tensor.defined() || tensor.is_cpu()) return host_->broadcast(tensor, root);
-  at::Tensor h = host_copy(tensor);
-  host_->broadcast(h, root);
-  tensor.copy_(h);
+  if (on_host(tensor)) return host_->broadcast(tensor, root);
+  through_host(tensor, [&](at::Tensor& h) { host_->broadcast(h, root); });
 }
 
 void TwoPlaneCommunicator::send(const at::Tensor& tensor, int dst, Tag tag) {
   if (auto* dev = plane_for(tensor)) return dev->send(tensor, dst, tag);
-  if (!tensor.defined() || tensor.is_cpu()) return host_->send(tensor, dst, tag);
+  if (on_host(tensor)) return host_->send(tensor, dst, tag);
   host_->send(host_copy(tensor), dst, tag);
 }
 
 void TwoPlaneCommunicator::recv(at::Tensor& tensor, int src, Tag tag) {
   if (auto* dev = plane_for(tensor)) return dev->recv(tensor, src, tag);
-  if (!tensor.defined() || tensor.is_cpu()) return host_->recv(tensor, src, tag);
+  if (on_host(tensor)) return host_->recv(tensor, src, tag);
   at::Tensor h = host_buffer(tensor);
   host_->recv(h, src, tag);
   tensor.copy_(h);
@@ -118,7 +125,7 @@ void TwoPlaneCommunicator::recv(at::Tensor& tensor, int src, Tag tag) {
 
 std::unique_ptr<Work> TwoPlaneCommunicator::isend(const at::Tensor& tensor, int dst, Tag tag) {
   if (auto* dev = plane_for(tensor)) return dev->isend(tensor, dst, tag);
-  if (!tensor.defined() || tensor.is_cpu()) return host_->isend(tensor, dst, tag);
+  if (on_host(tensor)) return host_->isend(tensor, dst, tag);
   at::Tensor h = host_copy(tensor);
   auto inner = host_->isend(h, dst, tag);
   return std::make_unique<StagedWork>(std::move(inner), [h]() {});
@@ -126,7 +133,7 @@ std::unique_ptr<Work> TwoPlaneCommunicator::isend(const at::Tensor& tensor, int 
 
 std::unique_ptr<Work> TwoPlaneCommunicator::irecv(at::Tensor& tensor, int src, Tag tag) {
   if (auto* dev = plane_for(tensor)) return dev->irecv(tensor, src, tag);
-  if (!tensor.defined() || tensor.is_cpu()) return host_->irecv(tensor, src, tag);
+  if (on_host(tensor)) return host_->irecv(tensor, src, tag);
   at::Tensor h = host_buffer(tensor);
   auto inner = host_->irecv(h, src, tag);
   at::Tensor target = tensor;
