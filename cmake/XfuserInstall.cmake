@@ -32,10 +32,25 @@ install(TARGETS ${_xf_exported} EXPORT xfuserTargets
 # The shim is dlopen()ed, never linked: installed beside the libraries, not exported.
 install(TARGETS xfuser_spm LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 
-# The tools find the shim in <prefix>/<libdir> through their RUNPATH; a non-system libtorch stays
-# reachable through its link directory.
+# The tools find the shim in <prefix>/<libdir> through their RUNPATH, and a non-system libtorch,
+# its CUDA runtime and NCCL through theirs, named explicitly: INSTALL_RPATH_USE_LINK_PATH skips
+# link directories inside the source or build tree (a venv made in the checkout, as CI does), and
+# libtorch_cuda.so is linked as a linker flag, which it never sees. Without them the installed
+# tool would load a system libtorch of another version, or none.
+set(_xf_rpath "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+foreach(_xf_lib "${c10_LIBRARY}" "${XFUSER_CUDART_LIBRARY}"
+                "${XFUSER_NCCL_LIBRARY}")
+  if(_xf_lib AND EXISTS "${_xf_lib}")
+    get_filename_component(_xf_dir "${_xf_lib}" DIRECTORY)
+    if(NOT _xf_dir IN_LIST CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES
+       AND NOT _xf_dir IN_LIST CMAKE_PLATFORM_IMPLICIT_LINK_DIRECTORIES)
+      list(APPEND _xf_rpath "${_xf_dir}")
+    endif()
+  endif()
+endforeach()
+list(REMOVE_DUPLICATES _xf_rpath)
 set_target_properties(xfuser-run xfuser PROPERTIES
-  INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}" INSTALL_RPATH_USE_LINK_PATH ON)
+  INSTALL_RPATH "${_xf_rpath}" INSTALL_RPATH_USE_LINK_PATH ON)
 install(TARGETS xfuser-run xfuser RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 foreach(dir backends models parallel profiling runner)

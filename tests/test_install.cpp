@@ -2,6 +2,7 @@
 // find_package(xfuser), builds against the installed headers and libraries, and runs on
 // tiny-flux, loading the installed SentencePiece shim (about 15 s: one small program to build).
 #include <fstream>
+#include <sstream>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -53,8 +54,29 @@ TEST(Install, AnOutsideProjectBuildsAndRunsAgainstTheInstalledPackage) {
   EXPECT_NE(log.find((prefix / "lib" / "libxfuser_spm.so").string()), std::string::npos)
       << "the example did not load the installed shim";
 
+  // The installed tool resolves every library, libtorch to the one it was built against (a venv
+  // inside the checkout, a second libtorch in /usr/lib: its RUNPATH must name the right one).
+  const fs::path tool = prefix / "bin" / "xfuser-run";
+  std::string ldd;
+  ASSERT_EQ(run_command("ldd " + tool.string(), &ldd), 0) << ldd;
+  EXPECT_EQ(ldd.find("not found"), std::string::npos) << ldd;
+  fs::path c10;  // the line "libc10.so[.<version>] => <path> (<address>)"
+  std::istringstream lines(ldd);
+  for (std::string line; std::getline(lines, line);) {
+    const std::string::size_type name = line.find("libc10.so");
+    const std::string::size_type arrow = line.find(" => ");
+    if (name == std::string::npos || arrow == std::string::npos || arrow < name) continue;
+    if (line.find_first_not_of(" \t") != name) continue;  // the name opens the line
+    if (line.find_first_of(" \t=", name) != arrow) continue;
+    c10 = line.substr(arrow + 4, line.find(" (", arrow + 4) - (arrow + 4));
+  }
+  ASSERT_FALSE(c10.empty()) << ldd;
+  EXPECT_TRUE(fs::exists(c10) && fs::equivalent(c10, XFUSER_TEST_C10_LIBRARY))
+      << tool << " loads " << c10 << ", built against " << XFUSER_TEST_C10_LIBRARY << "\n"
+      << ldd;
+
   // The installed tool runs too (shim from <prefix>/lib through its RUNPATH).
-  ASSERT_EQ(run_command(env + (prefix / "bin" / "xfuser-run").string() +
+  ASSERT_EQ(run_command(env + tool.string() +
                             " --model tiny-flux --prompt x --height 32 --width 32 "
                             "--num_inference_steps 1 --output_directory " +
                             (dir / "out2").string(),
