@@ -23,6 +23,7 @@
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "backends/dtype.h"
 #include "backends/error.h"
 #include "backends/memory.h"
 
@@ -100,18 +101,7 @@ inline double cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-inline std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return "fp32";
-    case at::kBFloat16:
-      return "bf16";
-    case at::kHalf:
-      return "fp16";
-    default:
-      return c10::toString(t);
-  }
-}
+using xfuser::backends::dtype_name;  // fp32, bf16, fp16 in the JSON results
 
 inline c10::ScalarType parse_dtype(const std::string& s) {
   if (s == "fp32" || s == "float32") return at::kFloat;

@@ -13,6 +13,7 @@
 
 #include "backends/attention.h"
 #include "backends/device.h"
+#include "backends/dtype.h"
 #include "bench/bench_common.h"
 #include "bench/bench_flux_configs.h"
 #include "models/common/kernels.h"
@@ -24,13 +25,6 @@ using xfuser::models::flux::FluxInputs;
 using xfuser::models::flux::FluxTransformer2DModel;
 
 namespace {
-
-c10::ScalarType parse_dtype(const std::string& name) {
-  if (name == "bf16") return at::kBFloat16;
-  if (name == "fp16") return at::kHalf;
-  if (name == "fp32") return at::kFloat;
-  XF_THROW("--dtype must be bf16, fp16 or fp32, got '", name, "'");
-}
 
 // Seconds of `fn` on `device`, the device synchronised before and after.
 template <typename F>
@@ -52,7 +46,7 @@ int main(int argc, char** argv) {
                       "out"});
     const std::string device_name = args.get("device", "cuda");
     const at::Device device = xfuser::backends::select_device(device_name);
-    const c10::ScalarType dtype = parse_dtype(args.get("dtype", "bf16"));
+    const c10::ScalarType dtype = xfuser::backends::parse_dtype(args.get("dtype", "bf16"));
     const int64_t height = args.get_int("height", 1024), width = args.get_int("width", 1024);
     XF_CHECK(height > 0 && width > 0 && height % 16 == 0 && width % 16 == 0,
              "--height and --width must be positive multiples of 16");

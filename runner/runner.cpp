@@ -20,6 +20,7 @@
 #include <sys/resource.h>
 
 #include "backends/device.h"
+#include "backends/dtype.h"
 #include "backends/error.h"
 #include "backends/tensor_util.h"
 #include "models/dit/dit_pipefusion.h"
@@ -39,26 +40,6 @@ namespace xfuser::runner {
 namespace fs = std::filesystem;
 
 namespace {
-
-c10::ScalarType parse_dtype(const std::string& name) {
-  if (name == "fp32") return c10::kFloat;
-  if (name == "bf16") return c10::kBFloat16;
-  if (name == "fp16") return c10::kHalf;
-  XF_THROW("unknown --dtype '", name, "' (expected fp32, bf16 or fp16)");
-}
-
-std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::kFloat:
-      return "fp32";
-    case c10::kBFloat16:
-      return "bf16";
-    case c10::kHalf:
-      return "fp16";
-    default:
-      return c10::toString(t);
-  }
-}
 
 bool cpu_has_avx512_bf16() {
   std::ifstream in("/proc/cpuinfo");
@@ -309,8 +290,8 @@ ResolvedArgs Runner::preprocess_args() const {
     c.fps = c.fps.value_or(d.fps > 0 ? d.fps : 16);
     if (!c.flow_shift && d.flow_shift > 0) c.flow_shift = d.flow_shift;
   }
-  if (c.dtype.empty()) c.dtype = dtype_name(default_cpu_dtype());
-  args.dtype = parse_dtype(c.dtype);
+  if (c.dtype.empty()) c.dtype = backends::dtype_name(default_cpu_dtype());
+  args.dtype = backends::parse_dtype(c.dtype);
   args.device = backends::select_device(c.device);
   // Flags that would change nothing: one warning each, naming the flag.
   if (!c.negative_prompt.empty() && spec.options.count("--true_cfg_scale") &&

@@ -13,14 +13,14 @@
 
 #include "backends/error.h"
 #include "parallel/mpi_communicator.h"
-#include "parallel/mpi_env.h"
+#include "tests/mpi_test_main.h"
 
 namespace xfuser::parallel {
 namespace {
 
 using namespace std::chrono_literals;
 
-std::shared_ptr<MpiCommunicator> g_world;
+using xfuser::testing::g_world;  // tests/mpi_test_main.cpp
 MpiCommunicator& world() { return *g_world; }
 
 // What rank `r` sends to rank `to` under `tag`: distinct per (sender, receiver, tag, element).
@@ -163,18 +163,3 @@ TEST(BatchP2P, APeerThatNeverAnswersIsATimeoutNamingIt) {
 
 }  // namespace
 }  // namespace xfuser::parallel
-
-int main(int argc, char** argv) {
-  xfuser::parallel::MpiEnvironment env(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = 1;
-  try {
-    xfuser::parallel::g_world =
-        std::make_shared<xfuser::parallel::MpiCommunicator>("world", std::chrono::seconds(10));
-    rc = RUN_ALL_TESTS();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[rank %d] %s\n", env.rank(), e.what());
-  }
-  xfuser::parallel::g_world.reset();
-  return rc;
-}

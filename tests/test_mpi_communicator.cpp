@@ -16,13 +16,14 @@
 #include "parallel/mpi_env.h"
 #include "parallel/process_groups.h"
 #include "parallel/world_config.h"
+#include "tests/mpi_test_main.h"
 
 namespace xfuser::parallel {
 namespace {
 
 using namespace std::chrono_literals;
 
-std::shared_ptr<MpiCommunicator> g_world;
+using xfuser::testing::g_world;  // tests/mpi_test_main.cpp
 
 MpiCommunicator& world() { return *g_world; }
 
@@ -457,18 +458,3 @@ TEST(MpiTimeout, DroppingAPendingWorkBreaksTheCommunicator) {
 
 }  // namespace
 }  // namespace xfuser::parallel
-
-int main(int argc, char** argv) {
-  xfuser::parallel::MpiEnvironment env(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = 1;
-  try {
-    xfuser::parallel::g_world =
-        std::make_shared<xfuser::parallel::MpiCommunicator>("world", std::chrono::seconds(10));
-    rc = RUN_ALL_TESTS();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[rank %d] %s\n", env.rank(), e.what());
-  }
-  xfuser::parallel::g_world.reset();
-  return rc;
-}

@@ -4,7 +4,6 @@
 // host with a GPU the ranks share cuda:0 and CUDA tensors cross the host plane through host
 // memory (no device plane): every operation equals the same operation on CPU tensors.
 #include <chrono>
-#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -16,16 +15,16 @@
 
 #include "backends/error.h"
 #include "parallel/mpi_communicator.h"
-#include "parallel/mpi_env.h"
 #include "parallel/process_groups.h"
 #include "parallel/two_plane_communicator.h"
+#include "tests/mpi_test_main.h"
 
 namespace xfuser::parallel {
 namespace {
 
 using namespace std::chrono_literals;
 
-std::shared_ptr<MpiCommunicator> g_world;
+using xfuser::testing::g_world;  // tests/mpi_test_main.cpp
 
 std::string error_of(const std::function<void()>& fn) {
   try {
@@ -172,18 +171,3 @@ TEST(TwoPlane, CudaTensorsStagedThroughTheHostEqualTheCpuPath) {
 
 }  // namespace
 }  // namespace xfuser::parallel
-
-int main(int argc, char** argv) {
-  xfuser::parallel::MpiEnvironment env(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = 1;
-  try {
-    xfuser::parallel::g_world =
-        std::make_shared<xfuser::parallel::MpiCommunicator>("world", std::chrono::seconds(10));
-    rc = RUN_ALL_TESTS();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[rank %d] %s\n", env.rank(), e.what());
-  }
-  xfuser::parallel::g_world.reset();
-  return rc;
-}

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backends/device.h"
+#include "backends/dtype.h"
 #include "backends/error.h"
 #include "models/common/component.h"
 #include "models/common/layers.h"
@@ -49,13 +50,6 @@ struct ForwardOptions {
   double comm_timeout = 600.0;
 };
 
-c10::ScalarType parse_dtype(const std::string& name) {
-  if (name == "fp32") return at::kFloat;
-  if (name == "bf16") return at::kBFloat16;
-  if (name == "fp16") return at::kHalf;
-  XF_THROW("--dtype must be fp32, bf16 or fp16, got '", name, "'");
-}
-
 // libtorch intra-op threads from OMP_NUM_THREADS when it starts with a positive integer (OpenMP
 // also allows lists such as "4,2": the first level counts); anything else is left to libtorch.
 void apply_thread_setting() {
@@ -74,7 +68,7 @@ void run_forward(const ForwardOptions& opts) {
   XF_CONTEXT("xfuser forward --model-dir ", opts.model_dir);
   apply_thread_setting();
   c10::InferenceMode inference;
-  const auto dtype = parse_dtype(opts.dtype);
+  const auto dtype = xfuser::backends::parse_dtype(opts.dtype);
   // Before any CUDA or NCCL call; --device cuda without one is an error on every rank.
   const c10::Device device = backends::select_device(opts.device);
 
