@@ -1,7 +1,7 @@
 // Per-rank Chrome traces: a process-wide TraceRecorder and RAII Spans usable from every layer.
 //
 //   {
-//     profiling::Span span("comm", "all_reduce");   // one relaxed atomic load when disabled
+//     profiling::Span span("comm", "all_reduce");   // two relaxed atomic loads when disabled
 //     if (span) span.arg("group", name).arg("bytes", bytes);
 //     ...                                          // the span ends at the closing brace
 //   }
@@ -29,9 +29,13 @@ namespace xfuser::profiling {
 
 namespace detail {
 inline std::atomic<bool> g_enabled{false};
+// NVTX ranges on (set_nvtx); pushed and popped by Spans in profiling/nvtx.cpp.
+inline std::atomic<bool> g_nvtx{false};
+void nvtx_push(const char* category, const char* name) noexcept;
+void nvtx_pop() noexcept;
 }  // namespace detail
 
-// True while a TraceRecorder is recording. The only cost of a disabled Span.
+// True while a TraceRecorder is recording. With nvtx_enabled(), the only cost of a disabled Span.
 inline bool enabled() noexcept { return detail::g_enabled.load(std::memory_order_relaxed); }
 
 // The trace clock: std::chrono::steady_clock in microseconds.
@@ -40,6 +44,16 @@ inline int64_t now_us() noexcept {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+// NVTX ranges for Nsight Systems and Nsight Compute: while on, every Span also pushes a range in
+// the NVTX domain "xfuser" (message: the span's name; category: its category, named), popped when
+// the span ends, whether or not a TraceRecorder records. On at start-up when an NVTX tool is
+// attached (NVTX_INJECTION64_PATH is set, as nsys and ncu do) unless XFUSER_NVTX=0; XFUSER_NVTX=1
+// turns them on without one. A build without the NVTX headers (XFUSER_WITH_NVTX off) has none.
+bool nvtx_available() noexcept;
+// Turns the ranges on or off (on only where available); returns whether they are on.
+bool set_nvtx(bool on) noexcept;
+inline bool nvtx_enabled() noexcept { return detail::g_nvtx.load(std::memory_order_relaxed); }
 
 struct TraceEvent {
   std::string name;
@@ -117,9 +131,14 @@ class Span {
       active_ = true;
       start_us_ = now_us();
     }
+    if (nvtx_enabled()) {
+      nvtx_ = true;
+      detail::nvtx_push(category, name);
+    }
   }
   ~Span() {
     if (active_) finish();
+    if (nvtx_) detail::nvtx_pop();
   }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
@@ -139,6 +158,7 @@ class Span {
   const char* category_;
   const char* name_;
   bool active_ = false;
+  bool nvtx_ = false;  // pushed an NVTX range
   int64_t start_us_ = 0;
   nlohmann::json args_;
 };
