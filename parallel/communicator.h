@@ -45,8 +45,9 @@ struct OpStats {
   double seconds = 0.0;
 };
 
-// A pending asynchronous operation. wait() blocks until done or the communicator's timeout
-// (then throws naming the operation); test() polls.
+// A pending asynchronous operation. wait() makes its result usable: on the MPI backend it blocks
+// until done or the communicator's timeout (then throws naming the operation); on NCCL it orders
+// the compute stream after it and returns (the watchdog bounds it). test() polls.
 class Work {
  public:
   virtual ~Work() = default;

@@ -6,14 +6,19 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "backends/error.h"
+#include "parallel/watchdog.h"
 #include "profiling/trace.h"
 
 // The current torch CUDA stream is the compute stream when this libtorch has CUDA; a CPU-only
@@ -214,44 +219,42 @@ ncclComm_t init_comm(int nranks, const ncclUniqueId& id, int rank,
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 class NcclCommunicator;
 
-// Completion of operations enqueued on a communicator's stream. Holds the tensors the operation
-// uses until it is done. Must not outlive its communicator. Destroying it before completion
-// waits for the operation (bounded by the timeout) so the tensors are never freed under NCCL.
+// One enqueued operation: its two events on the communicator's stream and the tensors it uses.
+// Shared by the watchdog entry and, for point-to-point operations, the Work; the last owner
+// destroys the events (the watchdog thread has the communicator's device current).
+struct NcclPending {
+  cudaEvent_t start = nullptr;  // after the stream waited for the compute stream
+  cudaEvent_t done = nullptr;   // after the operation
+  std::vector<at::Tensor> keep;
+  NcclPending() = default;
+  NcclPending(const NcclPending&) = delete;
+  NcclPending& operator=(const NcclPending&) = delete;
+  ~NcclPending() {
+    if (start != nullptr) (void)cudaEventDestroy(start);
+    if (done != nullptr) (void)cudaEventDestroy(done);
+  }
+};
+
+// The Work of an isend/irecv/batch_p2p: wait() orders the compute stream after the operation
+// (the host does not block); test() asks whether it completed. The watchdog watches it from the
+// moment it was enqueued, whether or not it is waited for.
 class NcclWork final : public Work {
  public:
-  // Records the completion event on the communicator's stream, after the enqueued operation.
-  // A non-empty `stat_op` is counted (with `bytes`, seconds since `start`) on completion.
-  NcclWork(NcclCommunicator& comm, std::vector<at::Tensor> keep, std::string what,
-           std::string stat_op = {}, int64_t bytes = 0, Clock::time_point start = {});
+  NcclWork(NcclCommunicator& comm, std::shared_ptr<NcclPending> pending, std::string what)
+      : comm_(comm), pending_(std::move(pending)), what_(std::move(what)) {}
   ~NcclWork() override;
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
 
-  // Blocks until done (timeout: abort and throw), then orders the current compute stream after
-  // the operation.
   void wait() override;
   bool test() override;
-  // Counted instead of `stat_op`: one (op, bytes) call per entry, sharing the seconds.
-  void count_as(std::vector<std::pair<std::string, int64_t>> calls) { calls_ = std::move(calls); }
 
  private:
-  void finish();
-
   NcclCommunicator& comm_;
-  std::vector<at::Tensor> keep_;
+  std::shared_ptr<NcclPending> pending_;  // nullptr once waited for
   std::string what_;
-  std::string stat_op_;
-  int64_t bytes_;
-  Clock::time_point start_;
-  std::vector<std::pair<std::string, int64_t>> calls_;
-  cudaEvent_t done_ = nullptr;
-  bool finished_ = false;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -269,12 +272,18 @@ class NcclCommunicator final : public Communicator {
       DeviceGuard guard(device_);
       XF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       XF_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      watchdog_ = std::make_unique<Watchdog>(
+          name_, [this] { abort(); }, Watchdog::Fatal{},
+          [device = device_] { (void)cudaSetDevice(device); });
     } catch (...) {
       release();
       throw;
     }
   }
-  ~NcclCommunicator() override { release(); }
+  ~NcclCommunicator() override {
+    watchdog_.reset();  // waits for the operations in flight (bounded by their deadlines)
+    release();
+  }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
@@ -296,6 +305,10 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Work> batch_p2p(std::vector<P2POp> ops) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+  // Counts come in as operations complete (CUDA-event times, on the watchdog thread): both wait
+  // for the operations in flight first.
+  std::map<std::string, OpStats> stats() const override;
+  void reset_stats() override;
 
   // See XF_NCCL_CHECK_ASYNC.
   void check_enqueued(ncclResult_t result, const char* call, const char* file, int line,
@@ -303,31 +316,39 @@ class NcclCommunicator final : public Communicator {
 
  private:
   friend class NcclWork;
+  using Calls = std::vector<std::pair<std::string, int64_t>>;  // (op, bytes) to count
 
   std::string describe(const char* op, int64_t bytes, int peer = -1) const;
   void check_usable(const std::string& what) const;
   void check_tensor(const at::Tensor& tensor, const std::string& what) const;
   void check_peer(int peer, const std::string& what) const;
   cudaStream_t compute_stream() const;
-  // Orders this communicator's stream after the work queued so far on the compute stream.
-  void stream_wait_compute();
-  // Throws (after aborting the communicator) when NCCL reports an asynchronous error.
-  void check_async_error(const std::string& what);
-  // Polls `done` and the communicator's async error until `deadline`; on an error or timeout
-  // aborts the communicator and throws naming `what`.
-  void wait_event(cudaEvent_t done, Clock::time_point deadline, const std::string& what);
-  // Waits for the operation just enqueued (blocking operations).
-  void complete(std::vector<at::Tensor> keep, const std::string& what);
-  // Enqueues a send (or recv) of `tensor` to (from) `peer`; the work completes it.
-  // Counted as "send" (the message bytes) or "recv" (0 bytes) when complete.
+  // Locks the communicator against an abort from the watchdog, checks it is usable, orders its
+  // stream after the compute stream and records the start event. Hold the lock while enqueuing.
+  std::shared_ptr<NcclPending> begin(const std::string& what);
+  // Records the done event after the enqueued operation, hands it to the watchdog (which counts
+  // `calls` with the operation's CUDA-event time when it completes, sharing it among them) and,
+  // unless `ordered_later`, orders the compute stream after it now.
+  void enqueued(const std::shared_ptr<NcclPending>& pending, std::vector<at::Tensor> keep,
+                const std::string& what, Calls calls, bool ordered_later = false);
+  // Blocks the host until `pending` completed (barrier). The watchdog bounds the wait.
+  void host_wait(const NcclPending& pending, const std::string& what);
+  // The watchdog's poll: the done event and the communicator's asynchronous error.
+  Watchdog::Status poll(const NcclPending& pending);
+  // Enqueues a send (or recv) of `tensor` to (from) `peer`, counted as "send" (the message
+  // bytes) or "recv" (0 bytes) when it completes.
   std::unique_ptr<NcclWork> point_to_point(bool is_send, const at::Tensor& tensor, int peer,
                                            const std::string& what);
   // [size * numel]: every member's `tensor`, flattened, in rank order.
-  at::Tensor gather_flat(const at::Tensor& tensor, const std::string& what);
+  at::Tensor gather_flat(const at::Tensor& tensor, const std::string& what, Calls calls);
+  void count_completed(const Calls& calls, double seconds);
   void abort();
   void release() noexcept;
 
-  ncclComm_t comm_ = nullptr;  // nullptr once aborted
+  ncclComm_t comm_ = nullptr;
+  std::atomic<bool> aborted_{false};
+  // Held while enqueuing and while aborting: the watchdog never aborts under an enqueue.
+  mutable std::recursive_mutex comm_mutex_;
   int device_ = 0;
   std::string name_;
   std::chrono::milliseconds timeout_;
@@ -336,91 +357,72 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // recorded on the compute stream before each operation
   at::Tensor barrier_buffer_;    // [1] float on device_
+  mutable std::mutex stats_mutex_;
+  std::map<std::string, OpStats> completed_;  // counted by the watchdog thread
+  std::unique_ptr<Watchdog> watchdog_;
 };
 
 // ---- NcclWork ---------------------------------------------------------------------------------
 
-NcclWork::NcclWork(NcclCommunicator& comm, std::vector<at::Tensor> keep, std::string what,
-                   std::string stat_op, int64_t bytes, Clock::time_point start)
-    : comm_(comm),
-      keep_(std::move(keep)),
-      what_(std::move(what)),
-      stat_op_(std::move(stat_op)),
-      bytes_(bytes),
-      start_(start) {
-  DeviceGuard guard(comm_.device_);
-  XF_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-  try {
-    XF_CUDA_CHECK(cudaEventRecord(done_, comm_.stream_));
-  } catch (...) {
-    (void)cudaEventDestroy(done_);
-    throw;
-  }
-}
-
 NcclWork::~NcclWork() {
-  if (!finished_) {
-    try {
-      wait();
-    } catch (const std::exception& e) {
-      spdlog::error("{} was not waited for and failed: {}", what_, e.what());
-    }
+  if (pending_ == nullptr) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    spdlog::error("{} was not waited for and failed: {}", what_, e.what());
   }
-  if (done_ != nullptr) (void)cudaEventDestroy(done_);
 }
 
 void NcclWork::wait() {
-  if (finished_) return;
-  profiling::Span span("comm", "wait");
-  if (span) span.arg("op", stat_op_).arg("group", comm_.name()).arg("bytes", bytes_);
+  if (pending_ == nullptr) return;
   XF_CONTEXT(what_);
   DeviceGuard guard(comm_.device_);
-  comm_.wait_event(done_, Clock::now() + comm_.timeout_, what_);
-  finish();
+  XF_CUDA_CHECK(cudaStreamWaitEvent(comm_.compute_stream(), pending_->done, 0));
+  pending_.reset();
 }
 
 bool NcclWork::test() {
-  if (finished_) return true;
+  if (pending_ == nullptr) return true;
   XF_CONTEXT(what_);
   DeviceGuard guard(comm_.device_);
-  const cudaError_t query = cudaEventQuery(done_);
+  const cudaError_t query = cudaEventQuery(pending_->done);
   if (query == cudaErrorNotReady) {
-    comm_.check_async_error(what_);
+    comm_.check_usable(what_);  // throws once the watchdog aborted the communicator
     return false;
   }
   if (query != cudaSuccess) {
     XF_THROW(what_, ": CUDA call `cudaEventQuery(done)` failed: ", cudaGetErrorName(query), ": ",
              cudaGetErrorString(query));
   }
-  finish();
+  wait();
   return true;
-}
-
-void NcclWork::finish() {
-  XF_CUDA_CHECK(cudaStreamWaitEvent(comm_.compute_stream(), done_, 0));
-  keep_.clear();
-  finished_ = true;
-  if (!calls_.empty()) {
-    const double share = seconds_since(start_) / static_cast<double>(calls_.size());
-    for (const auto& [op, bytes] : calls_) comm_.count(op, bytes, share);
-  } else if (!stat_op_.empty()) {
-    comm_.count(stat_op_, bytes_, seconds_since(start_));
-  }
 }
 
 // ---- NcclCommunicator: plumbing ---------------------------------------------------------------
 
 std::string NcclCommunicator::describe(const char* op, int64_t bytes, int peer) const {
   std::string s = std::string("nccl ") + op;
-  if (peer >= 0)
+  if (peer >= 0) {
     s += std::string(std::strstr(op, "recv") != nullptr ? " from" : " to") + " rank " +
          std::to_string(peer);
-  return s + " on group '" + name_ + "' (" + std::to_string(bytes) + " bytes)";
+    if (peer < size()) s += " (world rank " + std::to_string(world_ranks_[peer]) + ")";
+  }
+  s += " on group '" + name_ + "' (" + std::to_string(bytes) + " bytes";
+  if (peer < 0 && size() > 1) {
+    // A collective: NCCL cannot tell which member is missing, so name them all.
+    s += "; members: world ranks";
+    for (size_t i = 0; i < world_ranks_.size(); ++i) {
+      s += (i == 0 ? " " : ", ") + std::to_string(world_ranks_[i]);
+    }
+  }
+  return s + ")";
 }
 
 void NcclCommunicator::check_usable(const std::string& what) const {
-  XF_CHECK(comm_ != nullptr, what, ": the NCCL communicator of group '", name_,
-           "' was aborted after an earlier error or timeout");
+  if (!aborted_.load()) return;
+  const std::string why = watchdog_ != nullptr ? watchdog_->message() : std::string();
+  XF_THROW(what, ": the NCCL communicator of group '", name_,
+           "' was aborted after an earlier error or timeout", why.empty() ? "" : ": ", why);
 }
 
 void NcclCommunicator::check_tensor(const at::Tensor& tensor, const std::string& what) const {
@@ -446,9 +448,103 @@ cudaStream_t NcclCommunicator::compute_stream() const {
 #endif
 }
 
-void NcclCommunicator::stream_wait_compute() {
+std::shared_ptr<NcclPending> NcclCommunicator::begin(const std::string& what) {
+  check_usable(what);
+  auto pending = std::make_shared<NcclPending>();
+  XF_CUDA_CHECK(cudaEventCreate(&pending->start));  // timing events: the operation's time
+  XF_CUDA_CHECK(cudaEventCreate(&pending->done));
   XF_CUDA_CHECK(cudaEventRecord(ready_, compute_stream()));
   XF_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  XF_CUDA_CHECK(cudaEventRecord(pending->start, stream_));
+  return pending;
+}
+
+void NcclCommunicator::enqueued(const std::shared_ptr<NcclPending>& pending,
+                                std::vector<at::Tensor> keep, const std::string& what, Calls calls,
+                                bool ordered_later) {
+  XF_CUDA_CHECK(cudaEventRecord(pending->done, stream_));
+  if (!ordered_later) XF_CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), pending->done, 0));
+  pending->keep = std::move(keep);
+  Watchdog::Entry entry;
+  entry.what = what;
+  entry.deadline = Clock::now() + timeout_;
+  entry.poll = [this, pending] { return poll(*pending); };
+  entry.finish = [this, pending, calls = std::move(calls)](bool completed) {
+    if (completed && !calls.empty()) {
+      float ms = 0.0f;
+      const double seconds = cudaEventElapsedTime(&ms, pending->start, pending->done) == cudaSuccess
+                                 ? static_cast<double>(ms) / 1e3
+                                 : 0.0;
+      count_completed(calls, seconds);
+    }
+    pending->keep.clear();
+  };
+  watchdog_->watch(std::move(entry));
+}
+
+Watchdog::Status NcclCommunicator::poll(const NcclPending& pending) {
+  const cudaError_t query = cudaEventQuery(pending.done);
+  if (query == cudaSuccess) return {Watchdog::State::kDone, ""};
+  if (query != cudaErrorNotReady) {
+    return {Watchdog::State::kFailed, std::string("cudaEventQuery: ") + cudaGetErrorName(query) +
+                                          ": " + cudaGetErrorString(query)};
+  }
+  // The asynchronous error, unless an enqueue holds the communicator (it checks on its own).
+  std::unique_lock<std::recursive_mutex> lock(comm_mutex_, std::try_to_lock);
+  if (lock.owns_lock() && comm_ != nullptr && !aborted_.load()) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
+    if (result != ncclSuccess) state = result;
+    if (state != ncclSuccess && state != ncclInProgress) {
+      return {Watchdog::State::kFailed, std::string("NCCL reported ") + ncclGetErrorString(state) +
+                                            " (" + ncclGetLastError(comm_) + ")"};
+    }
+  }
+  return {Watchdog::State::kPending, ""};
+}
+
+void NcclCommunicator::host_wait(const NcclPending& pending, const std::string& what) {
+  for (int polls = 0;; ++polls) {
+    const cudaError_t query = cudaEventQuery(pending.done);
+    if (query == cudaSuccess) return;
+    if (query != cudaErrorNotReady) {
+      XF_THROW(what, ": CUDA call `cudaEventQuery(done)` failed: ", cudaGetErrorName(query), ": ",
+               cudaGetErrorString(query));
+    }
+    check_usable(what);  // the watchdog aborted it (deadline or error): say why
+    backoff(polls);
+  }
+}
+
+void NcclCommunicator::count_completed(const Calls& calls, double seconds) {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  const double share = seconds / static_cast<double>(calls.size());
+  for (const auto& [op, bytes] : calls) {
+    auto& s = completed_[op];
+    ++s.calls;
+    s.bytes += bytes;
+    s.seconds += share;
+  }
+}
+
+std::map<std::string, OpStats> NcclCommunicator::stats() const {
+  if (watchdog_ != nullptr) watchdog_->drain();
+  std::map<std::string, OpStats> all = Communicator::stats();
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  for (const auto& [op, s] : completed_) {
+    auto& t = all[op];
+    t.calls += s.calls;
+    t.bytes += s.bytes;
+    t.seconds += s.seconds;
+  }
+  return all;
+}
+
+void NcclCommunicator::reset_stats() {
+  if (watchdog_ != nullptr) watchdog_->drain();
+  Communicator::reset_stats();
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  completed_.clear();
 }
 
 void NcclCommunicator::check_enqueued(ncclResult_t result, const char* call, const char* file,
@@ -473,53 +569,20 @@ void NcclCommunicator::check_enqueued(ncclResult_t result, const char* call, con
            "); the NCCL communicator was aborted");
 }
 
-void NcclCommunicator::check_async_error(const std::string& what) {
-  check_usable(what);
-  ncclResult_t state = ncclSuccess;
-  XF_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
-  if (state == ncclSuccess || state == ncclInProgress) return;
-  const std::string detail = ncclGetLastError(comm_);
-  abort();
-  XF_THROW(what, " failed: NCCL reported ", ncclGetErrorString(state), " (", detail,
-           "); the NCCL communicator was aborted");
-}
-
-void NcclCommunicator::wait_event(cudaEvent_t done, Clock::time_point deadline,
-                                  const std::string& what) {
-  for (int polls = 0;; ++polls) {
-    const cudaError_t query = cudaEventQuery(done);
-    if (query == cudaSuccess) return;
-    if (query != cudaErrorNotReady) {
-      XF_THROW(what, ": CUDA call `cudaEventQuery(done)` failed: ", cudaGetErrorName(query), ": ",
-               cudaGetErrorString(query));
-    }
-    check_async_error(what);
-    if (Clock::now() > deadline) {
-      abort();
-      XF_THROW(what, " timed out after ", timeout_.count(),
-               " ms; the NCCL communicator was aborted (are all members calling it?)");
-    }
-    backoff(polls);
-  }
-}
-
-void NcclCommunicator::complete(std::vector<at::Tensor> keep, const std::string& what) {
-  NcclWork work(*this, std::move(keep), what);
-  work.wait();
-}
-
 void NcclCommunicator::abort() {
-  if (comm_ == nullptr) return;
-  // Best effort: the caller reports the error that made it abort.
+  std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
+  if (comm_ == nullptr || aborted_.load()) return;
+  // Best effort: the caller (or the watchdog) reports the error that made it abort. The handle
+  // stays set (release() must not finalize it); aborted_ keeps everyone off it.
   (void)ncclCommAbort(comm_);
-  comm_ = nullptr;
+  aborted_ = true;
 }
 
 void NcclCommunicator::release() noexcept {
   int previous = -1;
   (void)cudaGetDevice(&previous);
   (void)cudaSetDevice(device_);
-  if (comm_ != nullptr) {
+  if (comm_ != nullptr && !aborted_.load()) {
     // Flush pending operations (bounded by the timeout), then destroy; abort when that fails.
     bool clean = false;
     try {
@@ -535,8 +598,8 @@ void NcclCommunicator::release() noexcept {
       spdlog::warn("nccl communicator '{}' did not finalize cleanly; aborting it", name_);
       (void)ncclCommAbort(comm_);
     }
-    comm_ = nullptr;
   }
+  comm_ = nullptr;
   if (ready_ != nullptr) (void)cudaEventDestroy(ready_);
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   ready_ = nullptr;
@@ -545,9 +608,11 @@ void NcclCommunicator::release() noexcept {
 }
 
 // ---- NcclCommunicator: operations -------------------------------------------------------------
+//
+// Each operation is enqueued on the communicator's stream and returns: the compute stream waits
+// for it (an event), the watchdog watches it, and its count arrives when it completes.
 
 void NcclCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
-  const Clock::time_point start = Clock::now();
   const int64_t bytes = tensor.defined() ? nbytes(tensor) : 0;
   const std::string what = describe("all_reduce", bytes);
   profiling::Span span("comm", "all_reduce");
@@ -557,31 +622,32 @@ void NcclCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
   check_tensor(tensor, what);
   const ncclDataType_t dtype = nccl_dtype(tensor.scalar_type(), what);
   DeviceGuard guard(device_);
-  stream_wait_compute();
+  std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
+  auto pending = begin(what);
   void* data = tensor.data_ptr();
   XF_NCCL_CHECK_ASYNC(*this,
                       ncclAllReduce(data, data, static_cast<size_t>(tensor.numel()), dtype,
                                     nccl_reduce_op(op), comm_, stream_),
                       what);
-  complete({tensor}, what);
-  count("all_reduce", bytes, seconds_since(start));
+  enqueued(pending, {tensor}, what, {{"all_reduce", bytes}});
 }
 
-at::Tensor NcclCommunicator::gather_flat(const at::Tensor& tensor, const std::string& what) {
+at::Tensor NcclCommunicator::gather_flat(const at::Tensor& tensor, const std::string& what,
+                                         Calls calls) {
   const ncclDataType_t dtype = nccl_dtype(tensor.scalar_type(), what);
   DeviceGuard guard(device_);
   at::Tensor out = at::empty({size() * tensor.numel()}, tensor.options());  // [size * numel]
-  stream_wait_compute();
+  std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
+  auto pending = begin(what);
   XF_NCCL_CHECK_ASYNC(*this,
                       ncclAllGather(tensor.data_ptr(), out.data_ptr(),
                                     static_cast<size_t>(tensor.numel()), dtype, comm_, stream_),
                       what);
-  complete({tensor, out}, what);
+  enqueued(pending, {tensor, out}, what, std::move(calls));
   return out;
 }
 
 at::Tensor NcclCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
-  const Clock::time_point start = Clock::now();
   const int64_t input_bytes = tensor.defined() ? nbytes(tensor) : 0;
   const int64_t bytes = input_bytes * (size() - 1);  // this rank's input, to every other member
   const std::string what = describe("all_gather", input_bytes);
@@ -594,24 +660,19 @@ at::Tensor NcclCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
   XF_CHECK(dim >= -tensor.dim() && dim < tensor.dim(), what, ": dim ", dim,
            " is out of range for shape ", tensor.sizes());
   if (dim < 0) dim += tensor.dim();
-  at::Tensor flat = gather_flat(tensor, what);  // [size * numel]
-  std::vector<int64_t> stacked{size()};         // [size, *shape]
+  at::Tensor flat = gather_flat(tensor, what, {{"all_gather", bytes}});  // [size * numel]
+  std::vector<int64_t> stacked{size()};                                  // [size, *shape]
   stacked.insert(stacked.end(), tensor.sizes().begin(), tensor.sizes().end());
   at::Tensor parts = flat.view(stacked);
-  at::Tensor out;
   if (dim == 0) {
     std::vector<int64_t> shape = tensor.sizes().vec();  // [size * s0, s1, ...]
     shape[0] *= size();
-    out = flat.view(shape);
-  } else {
-    out = at::cat(parts.unbind(0), dim);  // on the compute stream, ordered after the gather
+    return flat.view(shape);
   }
-  count("all_gather", bytes, seconds_since(start));
-  return out;
+  return at::cat(parts.unbind(0), dim);  // on the compute stream, ordered after the gather
 }
 
 at::Tensor NcclCommunicator::all_to_all(const at::Tensor& input) {
-  const Clock::time_point start = Clock::now();
   const int64_t total = input.defined() ? nbytes(input) : 0;
   const int64_t chunk_bytes = total / size();
   const int64_t bytes = chunk_bytes * (size() - 1);  // sent to the other ranks
@@ -629,7 +690,8 @@ at::Tensor NcclCommunicator::all_to_all(const at::Tensor& input) {
   const size_t count_per_peer = static_cast<size_t>(input.numel() / size());
   const auto* in = static_cast<const char*>(input.data_ptr());
   auto* out = static_cast<char*>(output.data_ptr());
-  stream_wait_compute();
+  std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
+  auto pending = begin(what);
   XF_NCCL_CHECK(ncclGroupStart());
   for (int peer = 0; peer < size(); ++peer) {
     XF_NCCL_CHECK_ASYNC(
@@ -640,13 +702,11 @@ at::Tensor NcclCommunicator::all_to_all(const at::Tensor& input) {
         what);
   }
   XF_NCCL_CHECK_ASYNC(*this, ncclGroupEnd(), what);
-  complete({input, output}, what);
-  count("all_to_all", bytes, seconds_since(start));
+  enqueued(pending, {input, output}, what, {{"all_to_all", bytes}});
   return output;
 }
 
 void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
-  const Clock::time_point start = Clock::now();
   const int64_t size_bytes = tensor.defined() ? nbytes(tensor) : 0;
   const int64_t bytes = rank_ == root ? size_bytes : 0;
   const std::string what = describe("broadcast", size_bytes) + " from root " + std::to_string(root);
@@ -659,27 +719,27 @@ void NcclCommunicator::broadcast(at::Tensor& tensor, int root) {
   check_peer(root, what);
   const ncclDataType_t dtype = nccl_dtype(tensor.scalar_type(), what);
   DeviceGuard guard(device_);
-  stream_wait_compute();
+  std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
+  auto pending = begin(what);
   void* data = tensor.data_ptr();
   XF_NCCL_CHECK_ASYNC(
       *this,
       ncclBroadcast(data, data, static_cast<size_t>(tensor.numel()), dtype, root, comm_, stream_),
       what);
-  complete({tensor}, what);
-  count("broadcast", bytes, seconds_since(start));
+  enqueued(pending, {tensor}, what, {{"broadcast", bytes}});
 }
 
 std::unique_ptr<NcclWork> NcclCommunicator::point_to_point(bool is_send, const at::Tensor& tensor,
                                                            int peer, const std::string& what) {
   profiling::Span span("comm", is_send ? "post send" : "post recv");
   trace_args(span, tensor.defined() ? nbytes(tensor) : 0, peer);  // message size
-  const Clock::time_point start = Clock::now();
   check_usable(what);
   check_tensor(tensor, what);
   check_peer(peer, what);
   const ncclDataType_t dtype = nccl_dtype(tensor.scalar_type(), what);
   DeviceGuard guard(device_);
-  stream_wait_compute();
+  std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
+  auto pending = begin(what);
   const size_t elements = static_cast<size_t>(tensor.numel());
   if (is_send) {
     XF_NCCL_CHECK_ASYNC(*this, ncclSend(tensor.data_ptr(), elements, dtype, peer, comm_, stream_),
@@ -688,8 +748,9 @@ std::unique_ptr<NcclWork> NcclCommunicator::point_to_point(bool is_send, const a
     XF_NCCL_CHECK_ASYNC(*this, ncclRecv(tensor.data_ptr(), elements, dtype, peer, comm_, stream_),
                         what);
   }
-  return std::make_unique<NcclWork>(*this, std::vector<at::Tensor>{tensor}, what,
-                                    is_send ? "send" : "recv", is_send ? nbytes(tensor) : 0, start);
+  enqueued(pending, {tensor}, what, {{is_send ? "send" : "recv", is_send ? nbytes(tensor) : 0}},
+           /*ordered_later=*/true);
+  return std::make_unique<NcclWork>(*this, pending, what);
 }
 
 // NCCL has no tags: messages between two ranks match in the order they are issued.
@@ -722,7 +783,6 @@ std::unique_ptr<Work> NcclCommunicator::irecv(at::Tensor& tensor, int src, Tag) 
 // in issue order). The group completes as one: a timeout names every operation and peer of the
 // batch, since NCCL cannot tell which peer did not answer.
 std::unique_ptr<Work> NcclCommunicator::batch_p2p(std::vector<P2POp> ops) {
-  const Clock::time_point start = Clock::now();
   int64_t bytes = 0;
   std::string peers;
   for (const auto& op : ops) {
@@ -738,7 +798,7 @@ std::unique_ptr<Work> NcclCommunicator::batch_p2p(std::vector<P2POp> ops) {
   XF_CONTEXT(what);
   check_usable(what);
   std::vector<at::Tensor> keep;
-  std::vector<std::pair<std::string, int64_t>> calls;
+  Calls calls;
   std::vector<ncclDataType_t> dtypes;
   for (size_t i = 0; i < ops.size(); ++i) {
     const auto& op = ops[i];
@@ -751,7 +811,8 @@ std::unique_ptr<Work> NcclCommunicator::batch_p2p(std::vector<P2POp> ops) {
     calls.emplace_back(is_send ? "send" : "recv", is_send ? nbytes(op.tensor) : 0);
   }
   DeviceGuard guard(device_);
-  stream_wait_compute();
+  std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
+  auto pending = begin(what);
   if (!ops.empty()) {
     XF_NCCL_CHECK(ncclGroupStart());
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -769,13 +830,12 @@ std::unique_ptr<Work> NcclCommunicator::batch_p2p(std::vector<P2POp> ops) {
     }
     XF_NCCL_CHECK_ASYNC(*this, ncclGroupEnd(), what);
   }
-  auto work = std::make_unique<NcclWork>(*this, std::move(keep), what, std::string(), 0, start);
-  work->count_as(std::move(calls));
-  return work;
+  enqueued(pending, std::move(keep), what, std::move(calls), /*ordered_later=*/true);
+  return std::make_unique<NcclWork>(*this, pending, what);
 }
 
+// The one operation that blocks the host: a barrier is for the host.
 void NcclCommunicator::barrier() {
-  const Clock::time_point start = Clock::now();
   const std::string what = describe("barrier", 4);
   profiling::Span span("comm", "barrier");
   trace_args(span, 4);
@@ -788,12 +848,16 @@ void NcclCommunicator::barrier() {
                            .dtype(at::kFloat)
                            .device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_))));
   }
-  stream_wait_compute();
-  void* data = barrier_buffer_.data_ptr();
-  XF_NCCL_CHECK_ASYNC(*this, ncclAllReduce(data, data, 1, ncclFloat32, ncclSum, comm_, stream_),
-                      what);
-  complete({barrier_buffer_}, what);
-  count("barrier", 0, seconds_since(start));
+  std::shared_ptr<NcclPending> pending;
+  {
+    std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
+    pending = begin(what);
+    void* data = barrier_buffer_.data_ptr();
+    XF_NCCL_CHECK_ASYNC(*this, ncclAllReduce(data, data, 1, ncclFloat32, ncclSum, comm_, stream_),
+                        what);
+    enqueued(pending, {barrier_buffer_}, what, {{"barrier", 0}});
+  }
+  host_wait(*pending, what);
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
@@ -811,7 +875,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   at::Tensor mine = at::empty({2}, at::kLong);
   mine.data_ptr<int64_t>()[0] = color;
   mine.data_ptr<int64_t>()[1] = key;
-  const at::Tensor all = gather_flat(mine.to(device), what).cpu();
+  const at::Tensor all = gather_flat(mine.to(device), what, {}).cpu();
   const int64_t* ck = all.data_ptr<int64_t>();
   std::vector<std::tuple<int64_t, int>> members;  // (key, parent rank), same color
   for (int r = 0; r < size(); ++r) {
@@ -842,7 +906,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
     XF_NCCL_CHECK(ncclGetUniqueId(&id));
     std::memcpy(id_bytes.data_ptr(), &id, sizeof(id));
   }
-  const at::Tensor ids = gather_flat(id_bytes.to(device), what).cpu();  // [size * 128]
+  const at::Tensor ids = gather_flat(id_bytes.to(device), what, {}).cpu();  // [size * 128]
   const int leader = std::get<1>(members.front());
   ncclUniqueId id;
   std::memcpy(&id, ids.data_ptr<uint8_t>() + leader * sizeof(ncclUniqueId), sizeof(id));

@@ -1,10 +1,15 @@
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "backends/error.h"
 #include "parallel/communicator.h"
 #include "parallel/nccl_communicator.h"
+#include "tests/test_util.h"
 
 namespace xp = xfuser::parallel;
 
@@ -137,4 +142,67 @@ TEST(Nccl, WorldOfOneCollectivesOnGpu) {
     EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
     EXPECT_NE(msg.find("needs a CUDA tensor"), std::string::npos) << msg;
   }
+}
+
+// GPU hosts only: a rank sends to and receives from itself in one batch_p2p (one NCCL group),
+// and the operations are asynchronous: the host returns before they are waited for, the results
+// are right on the compute stream, and the counts arrive once they complete.
+TEST(Nccl, WorldOfOneSelfSendRecvAndAsynchronousCounts) {
+  if (!nccl_usable()) GTEST_SKIP() << "needs a CUDA device and a CUDA libtorch";
+  WorldOfOne bootstrap;
+  auto comm = xp::make_nccl_communicator(bootstrap, "self", std::chrono::seconds(30));
+  const at::Device cuda(at::kCUDA, 0);
+  at::Tensor out = at::arange(1 << 20, at::TensorOptions().dtype(at::kFloat).device(cuda));
+  at::Tensor in = at::zeros_like(out);
+  std::vector<xp::P2POp> ops(2);
+  ops[0].kind = xp::P2POp::Kind::kRecv;  // the receive first: grouped, the order does not matter
+  ops[0].tensor = in;
+  ops[0].peer = 0;
+  ops[1].kind = xp::P2POp::Kind::kSend;
+  ops[1].tensor = out;
+  ops[1].peer = 0;
+  auto work = comm->batch_p2p(std::move(ops));
+  work->wait();  // orders the compute stream; the host goes on
+  EXPECT_TRUE(at::equal(in.cpu(), out.cpu()));
+  EXPECT_TRUE(work->test());
+  auto stats = comm->stats();  // waits for the operations in flight
+  EXPECT_EQ(stats.at("send").calls, 1);
+  EXPECT_EQ(stats.at("send").bytes, (1 << 20) * 4);
+  EXPECT_EQ(stats.at("recv").calls, 1);
+  EXPECT_GT(stats.at("send").seconds + stats.at("recv").seconds, 0.0) << "CUDA-event time";
+
+  // Many collectives queue without the host waiting for each; the last result is exact.
+  at::Tensor x = at::ones({1 << 16}, at::TensorOptions().device(cuda));
+  for (int i = 0; i < 200; ++i) comm->all_reduce(x);
+  EXPECT_EQ(x.sum().item<float>(), static_cast<float>(1 << 16));
+  EXPECT_EQ(comm->stats().at("all_reduce").calls, 200);
+}
+
+// The child of Nccl.TheWatchdogEndsTheJobNamingTheOperationAndPeer: a receive from itself that no
+// send matches. The host does not block on it; the watchdog must end the process.
+TEST(NcclChild, UnmatchedReceive) {
+  const char* child = std::getenv("XFUSER_TEST_NCCL_CHILD");
+  if (child == nullptr || !*child) GTEST_SKIP() << "runs as the child of a watchdog test";
+  WorldOfOne bootstrap;
+  auto comm = xp::make_nccl_communicator(bootstrap, "lonely", std::chrono::seconds(2));
+  at::Tensor t = at::zeros({256}, at::TensorOptions().device(at::Device(at::kCUDA, 0)));
+  comm->irecv(t, 0)->wait();
+  (void)t.sum().item<float>();  // blocks on the stream until the watchdog ends the process
+  FAIL() << "the unmatched receive completed";
+}
+
+TEST(Nccl, TheWatchdogEndsTheJobNamingTheOperationAndPeer) {
+  if (!nccl_usable()) GTEST_SKIP() << "needs a CUDA device and a CUDA libtorch";
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  std::string out;
+  const int rc =
+      xfuser::testing::run_command("XFUSER_TEST_NCCL_CHILD=1 timeout 120 " + self.string() +
+                                       " --gtest_filter=NcclChild.UnmatchedReceive",
+                                   &out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 124) << "the watchdog did not end the process\n" << out;
+  EXPECT_NE(out.find("nccl irecv from rank 0 (world rank 0) on group 'lonely'"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("did not complete before its deadline"), std::string::npos) << out;
+  EXPECT_EQ(out.find("the unmatched receive completed"), std::string::npos) << out;
 }
