@@ -6,10 +6,7 @@
 namespace xfuser::parallel {
 
 void Communicator::count(const std::string& op, int64_t bytes, double seconds) {
-  auto& s = stats_[op];
-  ++s.calls;
-  s.bytes += bytes;
-  s.seconds += seconds;
+  stats_[op] += OpStats{1, bytes, seconds};
 }
 
 void Communicator::trace_args(profiling::Span& span, int64_t bytes, int peer) const {

@@ -43,6 +43,13 @@ struct OpStats {
   int64_t calls = 0;
   int64_t bytes = 0;  // bytes this rank sent (for all-reduce: the buffer size per call)
   double seconds = 0.0;
+
+  OpStats& operator+=(const OpStats& other) {
+    calls += other.calls;
+    bytes += other.bytes;
+    seconds += other.seconds;
+    return *this;
+  }
 };
 
 // A pending asynchronous operation. wait() makes its result usable: on the MPI backend it blocks

@@ -519,24 +519,14 @@ void NcclCommunicator::host_wait(const NcclPending& pending, const std::string& 
 void NcclCommunicator::count_completed(const Calls& calls, double seconds) {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   const double share = seconds / static_cast<double>(calls.size());
-  for (const auto& [op, bytes] : calls) {
-    auto& s = completed_[op];
-    ++s.calls;
-    s.bytes += bytes;
-    s.seconds += share;
-  }
+  for (const auto& [op, bytes] : calls) completed_[op] += OpStats{1, bytes, share};
 }
 
 std::map<std::string, OpStats> NcclCommunicator::stats() const {
   if (watchdog_ != nullptr) watchdog_->drain();
   std::map<std::string, OpStats> all = Communicator::stats();
   std::lock_guard<std::mutex> lock(stats_mutex_);
-  for (const auto& [op, s] : completed_) {
-    auto& t = all[op];
-    t.calls += s.calls;
-    t.bytes += s.bytes;
-    t.seconds += s.seconds;
-  }
+  for (const auto& [op, s] : completed_) all[op] += s;
   return all;
 }
 

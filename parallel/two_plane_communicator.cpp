@@ -183,12 +183,7 @@ std::unique_ptr<Communicator> TwoPlaneCommunicator::split(int color, int key,
 std::map<std::string, OpStats> TwoPlaneCommunicator::stats() const {
   std::map<std::string, OpStats> out = host_->stats();
   if (device_) {
-    for (const auto& [op, st] : device_->stats()) {
-      OpStats& o = out[op];
-      o.calls += st.calls;
-      o.bytes += st.bytes;
-      o.seconds += st.seconds;
-    }
+    for (const auto& [op, st] : device_->stats()) out[op] += st;
   }
   return out;
 }
