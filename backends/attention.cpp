@@ -1,13 +1,16 @@
 #include "backends/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 #include <tuple>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <spdlog/spdlog.h>
 
 #include "backends/error.h"
 #include "backends/tensor_util.h"
@@ -185,7 +188,28 @@ AttentionOutput blocked_attention(const at::Tensor& q, const at::Tensor& k, cons
   return {out, lse};
 }
 
+// The kernels that ran, counted per call (attention_kernel_calls()).
+enum class Ran { blocked, chunked, flash, efficient, cudnn };
+constexpr const char* kRanNames[] = {"blocked", "chunked", "flash", "efficient", "cudnn"};
+constexpr size_t kRanCount = sizeof(kRanNames) / sizeof(kRanNames[0]);
+std::atomic<int64_t> g_calls[kRanCount];
+
+AttentionOutput counted(Ran ran, AttentionOutput r) {
+  g_calls[static_cast<size_t>(ran)].fetch_add(1, std::memory_order_relaxed);
+  return r;
+}
+
+// The process default: -1 until read from XFUSER_ATTENTION_KERNEL (or set).
+std::atomic<int> g_default_kernel{-1};
+
 #if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 1)
+#define XFUSER_FUSED_ATTENTION 1
+#endif
+#if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 6)
+#define XFUSER_CUDNN_ATTENTION 1
+#endif
+
+#ifdef XFUSER_FUSED_ATTENTION
 // [B, S, H, D] -> the [B, H, S, D] view the fused kernels read; they need only the head dim
 // contiguous, so a [B, S, H, D] view of a [B, S, H*D] projection is read in place.
 at::Tensor heads_first(const at::Tensor& x) {
@@ -211,44 +235,243 @@ at::Tensor fused_bias(const at::Tensor& mask, const at::Tensor& bias, int64_t b,
   return out.expand({b, h, sq, sk});
 }
 
-// Fused CUDA kernels (libtorch >= 2.1 signatures). Returns false when they do not apply.
-bool fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& mask, const at::Tensor& bias, double scale,
-                     AttentionOutput* result) {
-  const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1),
-                dv = v.size(3);
-  if (!q.is_cuda() || b == 0 || sq == 0 || sk == 0) return false;
-  const auto dtype = q.scalar_type();
-  const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
-  const bool additive = mask.defined() || bias.defined();
-  if (half && !additive && d == dv && d % 8 == 0 && d <= 256) {
-    auto r = at::_scaled_dot_product_flash_attention(heads_first(q), heads_first(k), heads_first(v),
-                                                     0.0, false, false, scale);
-    result->out = std::get<0>(r).transpose(1, 2);                  // [B, Sq, H, Dv]
-    result->lse = std::get<1>(r).narrow(2, 0, sq).to(at::kFloat);  // [B, H, Sq]
-    return true;
+// One call's inputs as the fused kernels take them.
+struct FusedCall {
+  at::Tensor q, k, v;                   // [B, H, S, D] views
+  c10::optional<at::Tensor> attn_bias;  // mask and bias folded (fused_bias), if any
+  int64_t sq = 0, d = 0, dv = 0;
+  double scale = 1.0;
+  bool half = false;  // fp16 or bf16
+};
+
+// Why `kernel` cannot take the call, or "" when it can. Mirrors the kernels' own constraints
+// closely enough that a call they would refuse is not made (PyTorch still checks).
+std::string why_not(AttentionKernel kernel, const FusedCall& c) {
+  switch (kernel) {
+    case AttentionKernel::flash:
+      if (!c.half) return "needs fp16 or bf16";
+      if (c.attn_bias) return "takes no mask or bias";
+      if (c.d != c.dv || c.d % 8 != 0 || c.d > 256)
+        return "needs equal head dims, a multiple of 8 and at most 256";
+      return "";
+    case AttentionKernel::efficient:
+      if (c.d % 8 != 0 || c.dv % 8 != 0) return "needs head dims that are multiples of 8";
+      return "";
+    case AttentionKernel::cudnn:
+#ifdef XFUSER_CUDNN_ATTENTION
+      if (!c.half) return "needs fp16 or bf16";
+      if (c.d % 8 != 0 || c.dv % 8 != 0) return "needs head dims that are multiples of 8";
+      return "";
+#else
+      return "needs libtorch >= 2.6";
+#endif
+    default:
+      return "is not a fused kernel";
   }
-  if (d % 8 != 0 || dv % 8 != 0) return false;
-  c10::optional<at::Tensor> attn_bias;
-  if (additive) attn_bias = fused_bias(mask, bias, b, h, sq, sk, q.options());
-  auto r = at::_scaled_dot_product_efficient_attention(
-      heads_first(q), heads_first(k), heads_first(v), attn_bias, true, 0.0, false, scale);
-  at::Tensor out = std::get<0>(r).transpose(1, 2);                  // [B, Sq, H, Dv]
-  at::Tensor lse = std::get<1>(r).narrow(2, 0, sq).to(at::kFloat);  // padded to 32 in some versions
-  if (additive) {
-    // A query whose keys are all masked: out 0 and lse -inf (the contract), whatever the kernel
-    // left there.
+}
+
+// [B, H, Sq, Dv] output and the kernel's log-sum-exp -> the contract's [B, Sq, H, Dv] and float32
+// [B, H, Sq]; with a mask or bias, a query whose keys are all masked gets out 0 and lse -inf
+// (the contract), whatever the kernel left there.
+AttentionOutput finish(const at::Tensor& out_bhsd, at::Tensor lse, const FusedCall& c) {
+  if (lse.dim() == 4) lse = lse.select(3, 0);                // cuDNN: [B, H, Sq, 1]
+  lse = lse.narrow(2, 0, c.sq).to(at::kFloat).contiguous();  // padded to 32 in some versions
+  at::Tensor out = out_bhsd.transpose(1, 2);                 // [B, Sq, H, Dv]
+  if (c.attn_bias) {
     at::Tensor empty = lse.isnan().logical_or_(lse.isneginf());  // [B, H, Sq]
     lse.masked_fill_(empty, -std::numeric_limits<double>::infinity());
     out = out.masked_fill(empty.transpose(1, 2).unsqueeze(-1), 0.0);
   }
-  result->out = out;
-  result->lse = lse;
-  return true;
+  return {out, lse};
+}
+
+AttentionOutput run_fused(AttentionKernel kernel, const FusedCall& c) {
+  switch (kernel) {
+    case AttentionKernel::flash: {
+      auto r = at::_scaled_dot_product_flash_attention(c.q, c.k, c.v, 0.0, false, false, c.scale);
+      return counted(Ran::flash, finish(std::get<0>(r), std::get<1>(r), c));
+    }
+    case AttentionKernel::efficient: {
+      auto r = at::_scaled_dot_product_efficient_attention(c.q, c.k, c.v, c.attn_bias, true, 0.0,
+                                                           false, c.scale);
+      return counted(Ran::efficient, finish(std::get<0>(r), std::get<1>(r), c));
+    }
+#ifdef XFUSER_CUDNN_ATTENTION
+    case AttentionKernel::cudnn: {
+      auto r = at::_scaled_dot_product_cudnn_attention(c.q, c.k, c.v, c.attn_bias,
+                                                       /*compute_log_sumexp=*/true, 0.0, false,
+                                                       false, c.scale);
+      return counted(Ran::cudnn, finish(std::get<0>(r), std::get<1>(r), c));
+    }
+#endif
+    default:
+      XF_THROW("attention: '", attention_kernel_name(kernel), "' is not a fused kernel");
+  }
+}
+
+// cuDNN calls that failed, without and with an additive bias: that kind of call is not sent to
+// cuDNN again in this process (reported once).
+std::atomic<bool> g_cudnn_failed[2];
+
+// PyTorch's own choice for these inputs: flash, efficient or cudnn; chunked where PyTorch would
+// run its math path (or a backend xfuser does not call); automatic where it cannot say (every
+// SDP backend disabled).
+AttentionKernel pytorch_choice(const FusedCall& c) {
+  int64_t choice = -1;
+  try {
+    choice = at::_fused_sdp_choice(c.q, c.k, c.v, c.attn_bias, 0.0, false, c.scale);
+  } catch (const c10::Error&) {
+    return AttentionKernel::automatic;  // every SDP backend disabled: no opinion
+  }
+  switch (choice) {
+    case 1:
+      return AttentionKernel::flash;
+    case 2:
+      return AttentionKernel::efficient;
+    case 3:
+      return AttentionKernel::cudnn;
+    default:
+      return AttentionKernel::chunked;  // math (0), or a backend xfuser does not call
+  }
+}
+
+// The fused path for a CUDA call. `wanted` is a kernel the caller named (strict), the process
+// default (a preference: `strict` false), or automatic.
+AttentionOutput fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& mask, const at::Tensor& bias, double scale,
+                                AttentionKernel wanted, bool strict, int64_t chunk) {
+  const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), sk = k.size(1);
+  FusedCall c;
+  c.q = heads_first(q);
+  c.k = heads_first(k);
+  c.v = heads_first(v);
+  if (mask.defined() || bias.defined())
+    c.attn_bias = fused_bias(mask, bias, b, h, sq, sk, q.options());
+  c.sq = sq;
+  c.d = q.size(3);
+  c.dv = v.size(3);
+  c.scale = scale;
+  c.half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+  if (strict) {
+    const std::string why = why_not(wanted, c);
+    XF_CHECK(why.empty(), "attention: kernel '", attention_kernel_name(wanted), "' ", why, " (q ",
+             shape_string(q.sizes()), " ", q.scalar_type(), ", k ", shape_string(k.sizes()), ", v ",
+             shape_string(v.sizes()), mask.defined() ? ", a mask" : "",
+             bias.defined() ? ", a bias" : "", ")");
+    try {
+      return run_fused(wanted, c);
+    } catch (const c10::Error& e) {
+      XF_THROW("attention: kernel '", attention_kernel_name(wanted), "' failed on q ",
+               shape_string(q.sizes()), " ", q.scalar_type(), ": ", e.what_without_backtrace());
+    }
+  }
+  AttentionKernel kernel = wanted;
+  if (kernel == AttentionKernel::automatic || !why_not(kernel, c).empty()) {
+    kernel = pytorch_choice(c);
+  }
+  if (kernel == AttentionKernel::cudnn) {
+    std::atomic<bool>& failed = g_cudnn_failed[c.attn_bias ? 1 : 0];
+    if (why_not(kernel, c).empty() && !failed.load(std::memory_order_relaxed)) {
+      try {
+        return run_fused(kernel, c);
+      } catch (const c10::Error& e) {
+        if (!failed.exchange(true)) {
+          spdlog::warn(
+              "attention: cuDNN failed on q {} {}{}; calls like it use flash / memory-efficient "
+              "from now on: {}",
+              shape_string(q.sizes()), c10::toString(q.scalar_type()),
+              c.attn_bias ? " with a mask or bias" : "", e.what_without_backtrace());
+        }
+      }
+    }
+    kernel = AttentionKernel::automatic;
+  }
+  if (kernel == AttentionKernel::automatic) {  // PyTorch had no usable answer: xfuser's order
+    kernel = why_not(AttentionKernel::flash, c).empty()       ? AttentionKernel::flash
+             : why_not(AttentionKernel::efficient, c).empty() ? AttentionKernel::efficient
+                                                              : AttentionKernel::chunked;
+  }
+  if (kernel == AttentionKernel::chunked || !why_not(kernel, c).empty()) {
+    return counted(Ran::chunked, chunked_attention(q, k, v, mask, bias, scale, chunk));
+  }
+  return run_fused(kernel, c);
 }
 #endif
 
 }  // namespace
+
+const char* attention_kernel_name(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::automatic:
+      return "auto";
+    case AttentionKernel::chunked:
+      return "chunked";
+    case AttentionKernel::flash:
+      return "flash";
+    case AttentionKernel::efficient:
+      return "efficient";
+    case AttentionKernel::cudnn:
+      return "cudnn";
+  }
+  return "?";
+}
+
+AttentionKernel parse_attention_kernel(const std::string& name, const std::string& what) {
+  for (AttentionKernel k :
+       {AttentionKernel::automatic, AttentionKernel::chunked, AttentionKernel::flash,
+        AttentionKernel::efficient, AttentionKernel::cudnn}) {
+    if (name == attention_kernel_name(k)) return k;
+  }
+  XF_THROW(what, ": unknown attention kernel '", name,
+           "' (expected auto, chunked, flash, efficient or cudnn)");
+}
+
+void check_attention_kernel_runs(AttentionKernel kernel, const c10::Device& device,
+                                 const std::string& what) {
+  if (kernel == AttentionKernel::automatic || kernel == AttentionKernel::chunked) return;
+  const char* name = attention_kernel_name(kernel);
+  XF_CHECK(device.is_cuda(), what, " ", name,
+           " is a CUDA kernel: it needs --device cuda (this run is on ", device.str(),
+           "; auto or chunked run anywhere)");
+#ifndef XFUSER_FUSED_ATTENTION
+  XF_THROW(what, " ", name, " needs libtorch >= 2.1 (this one is ", XFUSER_TORCH_MAJOR, ".",
+           XFUSER_TORCH_MINOR, ")");
+#elif !defined(XFUSER_CUDNN_ATTENTION)
+  XF_CHECK(kernel != AttentionKernel::cudnn, what, " cudnn needs libtorch >= 2.6 (this one is ",
+           XFUSER_TORCH_MAJOR, ".", XFUSER_TORCH_MINOR, ")");
+#endif
+}
+
+AttentionKernel default_attention_kernel() {
+  int k = g_default_kernel.load(std::memory_order_acquire);
+  if (k < 0) {
+    const char* env = std::getenv("XFUSER_ATTENTION_KERNEL");
+    const AttentionKernel parsed = env && *env
+                                       ? parse_attention_kernel(env, "XFUSER_ATTENTION_KERNEL")
+                                       : AttentionKernel::automatic;
+    int expected = -1;
+    g_default_kernel.compare_exchange_strong(expected, static_cast<int>(parsed));
+    k = g_default_kernel.load(std::memory_order_acquire);
+  }
+  return static_cast<AttentionKernel>(k);
+}
+
+void set_default_attention_kernel(AttentionKernel kernel) {
+  g_default_kernel.store(static_cast<int>(kernel), std::memory_order_release);
+}
+
+std::map<std::string, int64_t> attention_kernel_calls() {
+  std::map<std::string, int64_t> calls;
+  for (size_t i = 0; i < kRanCount; ++i) {
+    const int64_t n = g_calls[i].load(std::memory_order_relaxed);
+    if (n > 0) calls[kRanNames[i]] = n;
+  }
+  return calls;
+}
+
+void reset_attention_kernel_calls() {
+  for (auto& n : g_calls) n.store(0, std::memory_order_relaxed);
+}
 
 AttentionOutput attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const AttentionOptions& opts) {
@@ -258,17 +481,33 @@ AttentionOutput attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   at::Tensor mask = normalize_mask(opts.mask, b, h, sq, sk);
   if (mask.defined()) mask = mask.to(q.device());
   at::Tensor bias = normalize_bias(opts.bias, b, h, sq, sk, q.device());
-#if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 1)
-  if (opts.allow_fused) {
-    AttentionOutput fused;
-    if (fused_attention(q, k, v, mask, bias, scale, &fused)) return fused;
+  const bool strict = opts.kernel.has_value();
+  const AttentionKernel kernel = strict ? *opts.kernel : default_attention_kernel();
+  if (kernel == AttentionKernel::chunked) {
+    return counted(Ran::chunked,
+                   chunked_attention(q, k, v, mask, bias, scale, opts.query_chunk_size));
   }
+  if (q.is_cuda() && b > 0 && sq > 0 && sk > 0) {
+#ifdef XFUSER_FUSED_ATTENTION
+    return fused_attention(q, k, v, mask, bias, scale, kernel, strict, opts.query_chunk_size);
+#else
+    XF_CHECK(!strict || kernel == AttentionKernel::automatic, "attention: kernel '",
+             attention_kernel_name(kernel), "' needs libtorch >= 2.1 (this one is ",
+             XFUSER_TORCH_MAJOR, ".", XFUSER_TORCH_MINOR, ")");
 #endif
+  } else {
+    XF_CHECK(!strict || kernel == AttentionKernel::automatic, "attention: kernel '",
+             attention_kernel_name(kernel),
+             "' runs on CUDA tensors with at least one query and key", " (q ",
+             shape_string(q.sizes()), " on ", q.device().str(), ", k ", shape_string(k.sizes()),
+             ")");
+  }
   if (!mask.defined() && !bias.defined() && q.device().is_cpu() && sq > 0 && sk > 0 &&
       q.scalar_type() != at::kHalf) {
-    return blocked_attention(q, k, v, scale, opts.query_chunk_size);
+    return counted(Ran::blocked, blocked_attention(q, k, v, scale, opts.query_chunk_size));
   }
-  return chunked_attention(q, k, v, mask, bias, scale, opts.query_chunk_size);
+  return counted(Ran::chunked,
+                 chunked_attention(q, k, v, mask, bias, scale, opts.query_chunk_size));
 }
 
 AttentionOutput merge_attention(const AttentionOutput& a, const AttentionOutput& b,

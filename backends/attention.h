@@ -11,18 +11,60 @@
 // CPU without a mask or bias (float32, bf16): one (batch, head) at a time in query blocks whose
 // scores fit in cache; Q K^T, the softmax and its statistics in float32, P V in the input dtype
 // with float32 accumulation. CPU with a mask or bias, or fp16: query chunks over all heads with
-// every product in float32 (memory O(chunk * Sk) per batch and head). CUDA on libtorch >= 2.1:
-// the fused kernels, reading Q, K, V in place (no copy unless the head dim is strided): flash
-// (fp16/bf16, head dim <= 256, no mask or bias), else memory-efficient (the mask and bias as one
-// additive bias); each returns the log-sum-exp. Otherwise the chunked path.
+// every product in float32 (memory O(chunk * Sk) per batch and head).
+//
+// CUDA on libtorch >= 2.1: a fused kernel that returns the log-sum-exp, reading Q, K, V in place
+// (no copy unless the head dim is strided), the mask and bias folded into one additive bias:
+//   automatic  the kernel PyTorch's scaled_dot_product_attention picks for the same inputs
+//              (at::_fused_sdp_choice: flash, memory-efficient or, on libtorch >= 2.5, cuDNN,
+//              honouring at::globalContext()'s SDP enable flags), so xfuser runs what diffusers
+//              runs on that GPU and libtorch; where PyTorch would pick its math path, the chunked
+//              path. A cuDNN call that fails (an unsupported layout or version) is reported once
+//              and the process goes on with flash / memory-efficient.
+//   flash      fp16/bf16, head dims equal, a multiple of 8 and <= 256, no mask or bias
+//   efficient  head dims multiples of 8; any float dtype
+//   cudnn      libtorch >= 2.5; fp16/bf16
+// Otherwise the chunked path.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 namespace xfuser::backends {
+
+enum class AttentionKernel {
+  automatic,  // CUDA: as PyTorch's SDPA chooses (above); CPU: blocked or chunked
+  chunked,    // the chunked path, on any device (the reference the fused kernels are tested on)
+  flash,      // the fused CUDA kernels (libtorch >= 2.1; cudnn >= 2.5)
+  efficient,
+  cudnn,
+};
+
+// "auto", "chunked", "flash", "efficient", "cudnn" (the names of parse_attention_kernel).
+const char* attention_kernel_name(AttentionKernel kernel);
+// Parses one of those names; anything else is an error naming `what` (a flag or variable) and
+// the accepted names.
+AttentionKernel parse_attention_kernel(const std::string& name, const std::string& what);
+
+// Throws, naming `what` (a flag), when `kernel` cannot run on `device` with this libtorch: a fused
+// kernel needs a CUDA device and libtorch >= 2.1 (cuDNN: >= 2.6). automatic and chunked always run.
+void check_attention_kernel_runs(AttentionKernel kernel, const c10::Device& device,
+                                 const std::string& what);
+
+// The process default for calls that name no kernel: XFUSER_ATTENTION_KERNEL when set (an
+// unknown name is an error naming the variable), else automatic.
+AttentionKernel default_attention_kernel();
+void set_default_attention_kernel(AttentionKernel kernel);
+
+// Calls per kernel that ran in this process ("blocked", "chunked", "flash", "efficient",
+// "cudnn"), for run reports and benchmarks: which kernel a GPU really ran.
+std::map<std::string, int64_t> attention_kernel_calls();
+void reset_attention_kernel_calls();
 
 struct AttentionOptions {
   // Multiplies Q K^T; default 1/sqrt(D).
@@ -37,9 +79,10 @@ struct AttentionOptions {
   // Queries per block/chunk on the CPU paths; 0 = automatic (blocked: about 1 MiB of float32
   // scores per block; chunked: about 16M score elements per chunk).
   int64_t query_chunk_size = 0;
-  // Allow the fused CUDA kernels (libtorch >= 2.1); false forces the chunked path (tests compare
-  // the two).
-  bool allow_fused = true;
+  // The kernel; unset = the process default (default_attention_kernel()). A kernel named here
+  // must take the call (an error says why not); the process default is a preference (used where
+  // it applies, else automatic).
+  std::optional<AttentionKernel> kernel;
 };
 
 struct AttentionOutput {

@@ -3,12 +3,16 @@
 //   bench_flux_gpu [--device cuda|cpu] [--dtype bf16|fp16|fp32] [--height 1024] [--width 1024]
 //                  [--text-tokens 512] [--heads 24] [--double-blocks 19] [--single-blocks 38]
 //                  [--steps 28] [--reps 10] [--warmup 3] [--gemm-size 8192] [--seed 0]
+//                  [--attention auto|flash|efficient|cudnn|chunked] [--compare-attention 0|1]
 //                  [--out FILE]
 // The weights are seeded random values made on the device (no checkpoint: FLUX.1-dev is 24 GB),
 // N(0, 0.02) per tensor. The image is 1024x1024 -> a 128x128 latent -> 64x64 = 4096 tokens of
 // 2x2 patches (in_channels 64), plus 512 text tokens. Smaller --heads / blocks / sizes run the
 // same code on a CPU (a smoke test of the program). bench/gpu_flux.sh runs it beside diffusers'
 // FluxTransformer2DModel, eager and under torch.compile (bench/flux_gpu_diffusers.py).
+// --attention picks the attention kernel (default auto: the one PyTorch's SDPA picks, as diffusers
+// runs); the JSON counts the calls per kernel that ran. --compare-attention (default 1 on CUDA)
+// also times the step with each fused kernel this libtorch has, in the same run.
 #include <numeric>
 
 #include "backends/attention.h"
@@ -43,7 +47,7 @@ int main(int argc, char** argv) {
     xb::Args args(argc, argv, {});
     args.check_known({"device", "dtype", "height", "width", "text-tokens", "heads", "double-blocks",
                       "single-blocks", "steps", "reps", "warmup", "gemm-size", "seed", "threads",
-                      "out"});
+                      "attention", "compare-attention", "out"});
     const std::string device_name = args.get("device", "cuda");
     const at::Device device = xfuser::backends::select_device(device_name);
     const c10::ScalarType dtype = xfuser::backends::parse_dtype(args.get("dtype", "bf16"));
@@ -57,6 +61,12 @@ int main(int argc, char** argv) {
     XF_CHECK(reps >= 1 && warmup >= 0 && steps >= 1 && text_tokens >= 1,
              "--reps, --steps and --text-tokens must be >= 1, --warmup >= 0");
     const bool openblas = xb::set_threads(static_cast<int>(args.get_int("threads", 1)));
+    namespace xbk = xfuser::backends;
+    const xbk::AttentionKernel attention_kernel =
+        xbk::parse_attention_kernel(args.get("attention", "auto"), "--attention");
+    xbk::check_attention_kernel_runs(attention_kernel, device, "--attention");
+    xbk::set_default_attention_kernel(attention_kernel);
+    const bool compare_attention = args.get_int("compare-attention", device.is_cuda() ? 1 : 0) != 0;
     c10::InferenceMode guard;
 
     FluxConfig cfg;  // FLUX.1-dev's transformer/config.json
@@ -100,11 +110,36 @@ int main(int argc, char** argv) {
     at::Tensor out;
     for (int i = 0; i < warmup; ++i) out = model.forward(in);
     std::vector<double> times;
+    xbk::reset_attention_kernel_calls();
     for (int i = 0; i < reps; ++i) times.push_back(timed(device, [&] { out = model.forward(in); }));
+    const auto attention_calls = xbk::attention_kernel_calls();
     XF_CHECK(out.size(1) == n && at::isfinite(out.to(at::kFloat)).all().item<bool>(),
              "the forward gave ", out.sizes(), " or non-finite values");
     const double med = xb::median(times);
     const double flops = xb::forward_flops(cfg, n + text_tokens);
+
+    // The same step with each fused kernel (a preference: a call a kernel cannot take runs the
+    // automatic choice; the counts say what ran).
+    nlohmann::json by_kernel = nlohmann::json::object();
+    if (compare_attention) {
+      for (xbk::AttentionKernel k : {xbk::AttentionKernel::flash, xbk::AttentionKernel::efficient,
+                                     xbk::AttentionKernel::cudnn}) {
+        try {
+          xbk::check_attention_kernel_runs(k, device, "--attention");
+        } catch (const xfuser::Error&) {
+          continue;  // not in this libtorch
+        }
+        xbk::set_default_attention_kernel(k);
+        out = model.forward(in);
+        std::vector<double> kt;
+        xbk::reset_attention_kernel_calls();
+        for (int i = 0; i < reps; ++i)
+          kt.push_back(timed(device, [&] { out = model.forward(in); }));
+        by_kernel[xbk::attention_kernel_name(k)] = {{"ms_per_step", xb::median(kt) * 1e3},
+                                                    {"calls", xbk::attention_kernel_calls()}};
+      }
+      xbk::set_default_attention_kernel(attention_kernel);
+    }
 
     // The GEMM peak of this device and dtype, measured now: the best of square products.
     const int64_t g = args.get_int("gemm-size", device.is_cuda() ? 8192 : 1024);
@@ -142,6 +177,9 @@ int main(int argc, char** argv) {
         {"gemm_size", g},
         {"gemm_peak_tflop_per_s", peak / 1e12},
         {"mfu", flops / med / peak},
+        {"attention", xbk::attention_kernel_name(attention_kernel)},
+        {"attention_kernel_calls", attention_calls},
+        {"by_attention_kernel", by_kernel},
         {"device_peak_allocated_bytes", mem.available ? mem.peak_allocated : 0},
         {"environment",
          xb::environment_json(static_cast<int>(args.get_int("threads", 1)), openblas)}};

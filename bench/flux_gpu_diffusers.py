@@ -88,7 +88,16 @@ def main():
         return {"seconds": times, "ms_per_step": med * 1e3, "min_ms_per_step": min(times) * 1e3,
                 "s_per_image_transformer": med * a.steps, "warmup_seconds": first}
 
+    # The SDPA kernel PyTorch picks for this model's attention ([1, heads, tokens, 128]), which
+    # diffusers' eager forward runs (xfuser's automatic choice asks the same question).
+    sdpa_backend = None
+    if dev.type == "cuda" and hasattr(torch, "_fused_sdp_choice"):
+        q = torch.empty(1, a.heads, n + a.text_tokens, 128, device=dev, dtype=dtype)
+        names = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+        sdpa_backend = names.get(int(torch._fused_sdp_choice(q, q, q)), "unknown")
+
     result = {"benchmark": "flux_dev_transformer", "engine": "diffusers",
+              "sdpa_backend": sdpa_backend,
               "diffusers": diffusers.__version__, "torch": torch.__version__,
               "device": str(dev), "dtype": a.dtype, "height": a.height, "width": a.width,
               "image_tokens": n, "text_tokens": a.text_tokens, "heads": a.heads,

@@ -13,12 +13,9 @@ namespace {
 
 // Flags accepted by the parser whose feature lands in a later issue. Using one is an error.
 const std::set<std::string>& not_yet_supported() {
-  static const std::set<std::string> flags = {"--use_fsdp",
-                                              "--use_fp8_gemms",
+  static const std::set<std::string> flags = {"--use_fsdp", "--use_fp8_gemms",
                                               "--enable_model_cpu_offload",
-                                              "--enable_sequential_cpu_offload",
-                                              "--attention_backend",
-                                              "--task"};
+                                              "--enable_sequential_cpu_offload", "--task"};
   return flags;
 }
 
@@ -127,7 +124,11 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_flag("--enable_sequential_cpu_offload", c.enable_sequential_cpu_offload,
                "Enable sequential CPU offload")
       ->group(kOpt);
-  app.add_option("--attention_backend", c.attention_backend, "Attention backend selection")
+  app.add_option("--attention_backend", c.attention_backend,
+                 "Attention kernel: auto (CUDA: the one PyTorch's SDPA picks; CPU: xfuser's), "
+                 "chunked, or on CUDA flash, efficient, cudnn (default: XFUSER_ATTENTION_KERNEL, "
+                 "else auto)")
+      ->check(CLI::IsMember({"auto", "chunked", "flash", "efficient", "cudnn"}))
       ->group(kOpt);
   app.add_option("--dtype", c.dtype, "Compute dtype: fp32, bf16 or fp16 (default: model's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))

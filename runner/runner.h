@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/attention.h"
 #include "models/registry.h"
 #include "models/xfuser_model.h"
 #include "parallel/communicator.h"
@@ -45,6 +46,9 @@ struct ResolvedArgs {
   c10::ScalarType dtype = c10::kFloat;
   // --device on this rank (backends::select_device: made the current CUDA device when CUDA).
   c10::Device device = c10::Device(c10::kCPU);
+  // --attention_backend (unset: XFUSER_ATTENTION_KERNEL, else automatic); initialize() makes it
+  // the process default (backends::set_default_attention_kernel).
+  std::optional<backends::AttentionKernel> attention_kernel;
 };
 
 // Communication per group name, then per operation, of one timed iteration.

@@ -1,7 +1,9 @@
 // backends::attention and merge_attention against a naive float64 softmax(QK^T)V reference.
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -364,3 +366,76 @@ TEST(Attention, BiasErrorsNameTheBias) {
 }
 
 }  // namespace
+
+// Kernel selection on the CPU: the names round-trip, an unknown name is an error naming where it
+// came from, the chunked kernel equals the blocked one, a CUDA kernel named for CPU tensors is an
+// error naming the kernel and the tensors, and every call is counted under the kernel that ran.
+TEST(AttentionKernel, NamesParseAndUnknownNamesAreErrors) {
+  using xfuser::backends::attention_kernel_name;
+  using xfuser::backends::AttentionKernel;
+  using xfuser::backends::parse_attention_kernel;
+  for (AttentionKernel k :
+       {AttentionKernel::automatic, AttentionKernel::chunked, AttentionKernel::flash,
+        AttentionKernel::efficient, AttentionKernel::cudnn}) {
+    EXPECT_EQ(parse_attention_kernel(attention_kernel_name(k), "--x"), k);
+  }
+  try {
+    parse_attention_kernel("flash3", "XFUSER_ATTENTION_KERNEL");
+    ADD_FAILURE() << "no error";
+  } catch (const xfuser::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("XFUSER_ATTENTION_KERNEL"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'flash3'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cudnn"), std::string::npos) << msg;
+  }
+}
+
+TEST(AttentionKernel, CpuCallsAreCountedAndCudaKernelsRefused) {
+  using xfuser::backends::attention_kernel_calls;
+  using xfuser::backends::AttentionKernel;
+  at::manual_seed(5);
+  auto q = at::randn({1, 6, 2, 8}), k = at::randn({1, 5, 2, 8}), v = at::randn({1, 5, 2, 8});
+  xfuser::backends::reset_attention_kernel_calls();
+  const AttentionOutput blocked = attention(q, k, v);
+  AttentionOptions chunked_opts;
+  chunked_opts.kernel = AttentionKernel::chunked;
+  const AttentionOutput chunked = attention(q, k, v, chunked_opts);
+  EXPECT_LE(max_rel_error(chunked.out, blocked.out), 1e-5);
+  expect_lse_equal(chunked.lse, blocked.lse.to(at::kDouble), 1e-5);
+  AttentionOptions masked;
+  masked.mask = at::ones({1, 5}, at::kBool);
+  attention(q, k, v, masked);  // a mask: chunked
+  const std::map<std::string, int64_t> want = {{"blocked", 1}, {"chunked", 2}};
+  EXPECT_EQ(attention_kernel_calls(), want);
+
+  // The process default is a preference: a CUDA kernel does not apply to CPU tensors, so the CPU
+  // path runs; a default of "chunked" applies everywhere.
+  const AttentionKernel saved = xfuser::backends::default_attention_kernel();
+  xfuser::backends::set_default_attention_kernel(AttentionKernel::cudnn);
+  EXPECT_LE(max_rel_error(attention(q, k, v).out, blocked.out), 1e-6);
+  xfuser::backends::set_default_attention_kernel(AttentionKernel::chunked);
+  attention(q, k, v);
+  xfuser::backends::set_default_attention_kernel(saved);
+  const std::map<std::string, int64_t> want2 = {{"blocked", 2}, {"chunked", 3}};
+  EXPECT_EQ(attention_kernel_calls(), want2);
+
+  // A kernel named per call is a requirement.
+  for (AttentionKernel k2 :
+       {AttentionKernel::flash, AttentionKernel::efficient, AttentionKernel::cudnn}) {
+    AttentionOptions opts;
+    opts.kernel = k2;
+    try {
+      attention(q, k, v, opts);
+      ADD_FAILURE() << "no error for " << xfuser::backends::attention_kernel_name(k2);
+    } catch (const xfuser::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(std::string("kernel '") + xfuser::backends::attention_kernel_name(k2)),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find("CUDA"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("[1, 6, 2, 8]"), std::string::npos) << msg;
+    }
+  }
+  xfuser::backends::reset_attention_kernel_calls();
+  EXPECT_TRUE(attention_kernel_calls().empty());
+}

@@ -1,7 +1,8 @@
 // GPU checks (label gpu; each test skips itself without a CUDA libtorch and a visible GPU):
-// - the fused attention kernels (flash, memory-efficient with the mask and bias folded into one
-//   additive bias) equal the chunked path on the same GPU, out and log-sum-exp, in fp32, bf16
-//   and fp16, on strided [B, S, H, D] views, with fully masked rows;
+// - the fused attention kernels (flash, memory-efficient and cuDNN, the mask and bias folded into
+//   one additive bias), each named and as PyTorch picks them, equal the chunked path on the same
+//   GPU, out and log-sum-exp, in fp32, bf16 and fp16, on strided [B, S, H, D] views, with fully
+//   masked rows;
 // - weights uploaded through the pinned staging buffers equal their host values;
 // - the tiny FLUX pipeline on cuda equals the CPU: fp32 final latents within 1e-4 relative, bf16
 //   within its own noise (its distance to CPU fp32 at most twice that of CPU bf16, plus a
@@ -11,7 +12,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -27,6 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using xfuser::backends::attention;
+using xfuser::backends::attention_kernel_name;
 using xfuser::backends::AttentionOptions;
 using xfuser::testing::max_rel_error;
 
@@ -54,13 +58,19 @@ void expect_attention_equal(const xfuser::backends::AttentionOutput& fused,
   }
 }
 
+// Every fused kernel that takes the call, named per call, and the automatic choice (PyTorch's
+// for these inputs) equal the chunked path on the same GPU, and each call is counted under the
+// kernel that ran.
 TEST(GpuAttention, FusedKernelsEqualTheChunkedPath) {
   REQUIRE_GPU();
+  using xfuser::backends::AttentionKernel;
   at::manual_seed(3);
   const int64_t b = 2, sq = 77, sk = 93, h = 4, d = 64;
+  const bool have_cudnn_op = XFUSER_TORCH_MAJOR > 2 || XFUSER_TORCH_MINOR >= 6;
   for (auto [dtype, tol] :
        {std::pair{at::kFloat, 2e-5}, std::pair{at::kBFloat16, 2e-2}, std::pair{at::kHalf, 3e-3}}) {
     const auto opts = at::TensorOptions().dtype(dtype).device(kCuda);
+    const bool half = dtype != at::kFloat;
     // Strided views of fused projections, as the models pass them: [B, S, H*D] -> [B, S, H, D].
     at::Tensor qkv = at::randn({b, sq, 3 * h * d}, opts);
     at::Tensor q = qkv.narrow(2, 0, h * d).view({b, sq, h, d});
@@ -78,12 +88,33 @@ TEST(GpuAttention, FusedKernelsEqualTheChunkedPath) {
     for (const Case& c :
          {Case{"plain", {}, {}}, Case{"key mask", key_mask, {}}, Case{"bias", {}, bias},
           Case{"mask and bias", key_mask, bias}, Case{"fully masked row", pair_mask, {}}}) {
-      AttentionOptions fused, chunked;
-      fused.mask = chunked.mask = c.mask;
-      fused.bias = chunked.bias = c.bias;
-      chunked.allow_fused = false;
-      const std::string what = std::string(c.name) + " " + c10::toString(dtype);
-      expect_attention_equal(attention(q, k, v, fused), attention(q, k, v, chunked), tol, what);
+      const bool additive = c.mask.defined() || c.bias.defined();
+      AttentionOptions chunked;
+      chunked.mask = c.mask;
+      chunked.bias = c.bias;
+      chunked.kernel = AttentionKernel::chunked;
+      const auto ref = attention(q, k, v, chunked);
+      std::vector<std::optional<AttentionKernel>> kernels = {std::nullopt,
+                                                             AttentionKernel::efficient};
+      if (half && !additive) kernels.push_back(AttentionKernel::flash);
+      if (half && have_cudnn_op) kernels.push_back(AttentionKernel::cudnn);
+      for (const auto& kernel : kernels) {
+        AttentionOptions fused = chunked;
+        fused.kernel = kernel;
+        const std::string name = kernel ? attention_kernel_name(*kernel) : "auto";
+        const std::string what = std::string(c.name) + " " + c10::toString(dtype) + " " + name;
+        xfuser::backends::reset_attention_kernel_calls();
+        expect_attention_equal(attention(q, k, v, fused), ref, tol, what);
+        const auto calls = xfuser::backends::attention_kernel_calls();
+        ASSERT_EQ(calls.size(), 1u) << what;
+        if (kernel) {
+          EXPECT_EQ(calls.begin()->first, name) << what;
+        } else {
+          // Automatic: PyTorch picks a fused kernel for every one of these inputs.
+          EXPECT_NE(calls.begin()->first, "chunked") << what;
+          std::printf("[ auto     ] %s ran %s\n", what.c_str(), calls.begin()->first.c_str());
+        }
+      }
     }
   }
 }

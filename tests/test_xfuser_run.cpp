@@ -66,6 +66,10 @@ TEST_F(XfuserRun, WritesAPngAndTimingsAndIsDeterministic) {
   ASSERT_TRUE(timings.is_array());
   ASSERT_EQ(timings.size(), 1u);
   EXPECT_GT(timings[0].get<double>(), 0.0);
+  // Attention on the CPU: the blocked kernel (unmasked FLUX blocks), chosen automatically.
+  auto report = nlohmann::json::parse(read(out1 / "timings_rank0.json"));
+  EXPECT_EQ(report["config"]["attention_backend"], "auto");
+  EXPECT_GT(report["attention_kernel_calls"].value("blocked", 0), 0) << report.dump(2);
 
   ASSERT_EQ(run(std::string(kBase) + " --output_directory " + out2.path().string(), &log), 0)
       << log;
@@ -75,6 +79,29 @@ TEST_F(XfuserRun, WritesAPngAndTimingsAndIsDeterministic) {
             0)
       << log;
   EXPECT_NE(read(out1 / name), read(out3 / name));
+}
+
+// --attention_backend chunked runs every attention call on the chunked kernel (the report counts
+// them) and gives the picture of the automatic choice within rounding.
+TEST_F(XfuserRun, AttentionBackendChoosesTheKernel) {
+  xfuser::testing::TempDir auto_out, chunked_out;
+  std::string log;
+  ASSERT_EQ(run(std::string(kBase) + " --output_directory " + auto_out.path().string(), &log), 0)
+      << log;
+  ASSERT_EQ(run(std::string(kBase) + " --attention_backend chunked --output_directory " +
+                    chunked_out.path().string(),
+                &log),
+            0)
+      << log;
+  auto report = nlohmann::json::parse(read(chunked_out / "timings_rank0.json"));
+  EXPECT_EQ(report["config"]["attention_backend"], "chunked");
+  const auto& calls = report["attention_kernel_calls"];
+  ASSERT_EQ(calls.size(), 1u) << calls.dump();
+  EXPECT_GT(calls.value("chunked", 0), 0) << calls.dump();
+  const std::string name = "tiny-flux_u1r1_tc_False_256x256_0.png";
+  at::Tensor a = xfuser::runner::read_png(auto_out / name).to(at::kInt);
+  at::Tensor b = xfuser::runner::read_png(chunked_out / name).to(at::kInt);
+  EXPECT_LE((a - b).abs().max().item<int>(), 2);
 }
 
 TEST_F(XfuserRun, NegativePromptWithTrueCfgChangesTheImage) {
@@ -144,6 +171,9 @@ TEST_F(XfuserRun, BadInputsFailBeforeComputeWithANamedError) {
       {"--model tiny-flux --prompt x --output_directory /proc/xfuser-out",
        "--output_directory /proc/xfuser-out"},
       {"--model tiny-flux --prompt x --use_fsdp" + o, "--use_fsdp is not supported yet"},
+      {"--model tiny-flux --prompt x --device cpu --attention_backend cudnn" + o,
+       "--attention_backend cudnn is a CUDA kernel: it needs --device cuda"},
+      {"--model tiny-flux --prompt x --attention_backend flash3" + o, "--attention_backend"},
       {"--model tiny-flux --prompt x --ulysses_degree 2" + o, "but the world size is 1"},
       {"--model tiny-flux" + o, "--prompt is required"},
       {"--model tiny-flux --prompt x --guidance_scale inf" + o,
