@@ -192,6 +192,34 @@ TEST_F(DeviceRun, CommBackendNcclNeedsCuda) {
   EXPECT_NE(log.find("--comm_backend"), std::string::npos) << log;
 }
 
+// A CUDA attention kernel on a CPU run is an error naming the flag (xfuser-run before anything
+// loads, and xfuser forward), and so is a bad XFUSER_ATTENTION_KERNEL.
+TEST_F(DeviceRun, CudaAttentionKernelNeedsCuda) {
+  std::string log;
+  int rc = xfuser::testing::run_command(
+      bin("xfuser-run") + run_ + " --device cpu --attention_backend flash", &log);
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(log.find("--attention_backend flash is a CUDA kernel: it needs --device cuda"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("loading"), std::string::npos) << log;
+  xfuser::testing::TempDir out;
+  rc = xfuser::testing::run_command(bin("xfuser") + " forward --model-dir " + out.path().string() +
+                                        " --inputs " + (out / "in.safetensors").string() +
+                                        " --output " + (out / "out.safetensors").string() +
+                                        " --device cpu --attention_backend cudnn",
+                                    &log);
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(log.find("--attention_backend cudnn is a CUDA kernel"), std::string::npos) << log;
+  rc = xfuser::testing::run_command(
+      "XFUSER_ATTENTION_KERNEL=flash4 " + bin("xfuser-run") + run_ + " --device cpu", &log);
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(log.find("XFUSER_ATTENTION_KERNEL: unknown attention kernel 'flash4'"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("loading"), std::string::npos) << log;
+}
+
 // On the CPU the uploader is what loading always did: a view when the dtype matches (no copy of
 // a memory-mapped weight), else one conversion; nothing is counted as uploaded.
 TEST(DeviceUploader, CpuIsAViewOrOneConversion) {

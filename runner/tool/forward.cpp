@@ -18,6 +18,7 @@
 #include <c10/core/InferenceMode.h>
 #include <spdlog/spdlog.h>
 
+#include "backends/attention.h"
 #include "backends/device.h"
 #include "backends/dtype.h"
 #include "backends/error.h"
@@ -43,6 +44,7 @@ struct ForwardOptions {
   std::string dtype = "fp32";
   std::string device = "auto";
   std::string comm_backend = "auto";
+  std::string attention_backend;  // empty: XFUSER_ATTENTION_KERNEL, else auto
   std::string method = "forward";
   int ulysses_degree = 1;
   int ring_degree = 1;
@@ -71,6 +73,14 @@ void run_forward(const ForwardOptions& opts) {
   const auto dtype = xfuser::backends::parse_dtype(opts.dtype);
   // Before any CUDA or NCCL call; --device cuda without one is an error on every rank.
   const c10::Device device = backends::select_device(opts.device);
+  const auto attention_kernel =
+      opts.attention_backend.empty()
+          ? backends::default_attention_kernel()
+          : backends::parse_attention_kernel(opts.attention_backend, "--attention_backend");
+  backends::check_attention_kernel_runs(
+      attention_kernel, device,
+      opts.attention_backend.empty() ? "XFUSER_ATTENTION_KERNEL" : "--attention_backend");
+  backends::set_default_attention_kernel(attention_kernel);
 
   // Under mpirun (or with degrees > 1) the ranks split the work as xfuser-run does; every rank
   // computes the same output and the last one writes it. The groups come first: a
@@ -177,6 +187,10 @@ void register_forward(CLI::App& app) {
                   "auto (as xfuser-run)")
       ->check(CLI::IsMember({"auto", "nccl", "mpi"}))
       ->capture_default_str();
+  cmd->add_option("--attention_backend", opts->attention_backend,
+                  "Attention kernel: auto, chunked, or on CUDA flash, efficient, cudnn (as "
+                  "xfuser-run; default: XFUSER_ATTENTION_KERNEL, else auto)")
+      ->check(CLI::IsMember({"auto", "chunked", "flash", "efficient", "cudnn"}));
   cmd->add_option("--method", opts->method, "Component method: forward, decode, ...")
       ->capture_default_str();
   cmd->add_option("--ulysses_degree", opts->ulysses_degree,
