@@ -37,7 +37,7 @@
 #endif
 #define XFUSER_NCCL_HAS_SPLIT (NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0))
 #define XFUSER_NCCL_HAS_FP8                       \
-  (NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0) && \
+  (NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0) && \
    (XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 1)))
 
 // Throws xfuser::Error with the call text and NCCL's error string unless `call` returns
@@ -89,6 +89,14 @@ std::string nccl_probe() {
            "); CPU-only hosts use the MPI backend");
   return "NCCL " + std::to_string(major) + "." + std::to_string(minor) + "." +
          std::to_string(patch) + ", " + std::to_string(devices) + " CUDA devices";
+}
+
+std::string gpu_bus_id(int device) {
+  char id[64] = {0};
+  const cudaError_t cr = cudaDeviceGetPCIBusId(id, sizeof(id) - 1, device);
+  XF_CHECK(cr == cudaSuccess, "cudaDeviceGetPCIBusId(cuda:", device,
+           ") failed: ", cudaGetErrorString(cr));
+  return id;
 }
 
 namespace {
@@ -166,6 +174,27 @@ ncclRedOp_t nccl_reduce_op(ReduceOp op) {
   }
   XF_THROW("invalid ReduceOp value ", static_cast<int>(op));
 }
+
+// One NCCL group on this thread, closed on every path: an error thrown between ncclGroupStart and
+// ncclGroupEnd would leave the thread's group open, and NCCL would queue every later call of the
+// thread into it (an abort included).
+class NcclGroup {
+ public:
+  NcclGroup() { XF_NCCL_CHECK(ncclGroupStart()); }
+  ~NcclGroup() {
+    if (open_) (void)ncclGroupEnd();  // unwinding: the error being thrown is the one to report
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  // Closes the group, launching its operations; the result goes through XF_NCCL_CHECK_ASYNC.
+  ncclResult_t end() {
+    open_ = false;
+    return ncclGroupEnd();
+  }
+
+ private:
+  bool open_ = true;
+};
 
 ncclConfig_t nonblocking_config() {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -682,7 +711,7 @@ at::Tensor NcclCommunicator::all_to_all(const at::Tensor& input) {
   auto* out = static_cast<char*>(output.data_ptr());
   std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
   auto pending = begin(what);
-  XF_NCCL_CHECK(ncclGroupStart());
+  NcclGroup group;
   for (int peer = 0; peer < size(); ++peer) {
     XF_NCCL_CHECK_ASYNC(
         *this, ncclSend(in + peer * chunk_bytes, count_per_peer, dtype, peer, comm_, stream_),
@@ -691,7 +720,7 @@ at::Tensor NcclCommunicator::all_to_all(const at::Tensor& input) {
         *this, ncclRecv(out + peer * chunk_bytes, count_per_peer, dtype, peer, comm_, stream_),
         what);
   }
-  XF_NCCL_CHECK_ASYNC(*this, ncclGroupEnd(), what);
+  XF_NCCL_CHECK_ASYNC(*this, group.end(), what);
   enqueued(pending, {input, output}, what, {{"all_to_all", bytes}});
   return output;
 }
@@ -804,7 +833,7 @@ std::unique_ptr<Work> NcclCommunicator::batch_p2p(std::vector<P2POp> ops) {
   std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
   auto pending = begin(what);
   if (!ops.empty()) {
-    XF_NCCL_CHECK(ncclGroupStart());
+    NcclGroup group;
     for (size_t i = 0; i < ops.size(); ++i) {
       const auto& op = ops[i];
       const size_t elements = static_cast<size_t>(op.tensor.numel());
@@ -818,7 +847,7 @@ std::unique_ptr<Work> NcclCommunicator::batch_p2p(std::vector<P2POp> ops) {
             what);
       }
     }
-    XF_NCCL_CHECK_ASYNC(*this, ncclGroupEnd(), what);
+    XF_NCCL_CHECK_ASYNC(*this, group.end(), what);
   }
   enqueued(pending, std::move(keep), what, std::move(calls), /*ordered_later=*/true);
   return std::make_unique<NcclWork>(*this, pending, what);
@@ -884,9 +913,35 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   ncclComm_t child = nullptr;
   DeviceGuard guard(device_);
 #if XFUSER_NCCL_HAS_SPLIT
-  ncclConfig_t config = nonblocking_config();
-  const ncclResult_t result = ncclCommSplit(comm_, color, key, &child, &config);
-  child = await_new_comm(child, result, "NCCL call `ncclCommSplit`", timeout_, deadline, what);
+  {
+    // On a non-blocking communicator the split runs in the background: the parent reports
+    // ncclInProgress until it is done, and NCCL writes `child` only then. The lock keeps the
+    // watchdog from aborting the parent meanwhile. On an error or past the deadline the parent
+    // is aborted (which ends the split's background job) before `child` goes out of scope.
+    std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
+    auto fail = [&](ncclResult_t state) {
+      const std::string detail = ncclGetLastError(comm_);
+      abort();
+      if (state == ncclInProgress) {
+        XF_THROW(what, " timed out after ", timeout_.count(),
+                 " ms in ncclCommSplit; the parent NCCL communicator was aborted (are all members "
+                 "calling it?)");
+      }
+      XF_THROW("NCCL call `ncclCommSplit` failed while ", what, ": ", ncclGetErrorString(state),
+               " (", detail, "); the parent NCCL communicator was aborted");
+    };
+    ncclConfig_t config = nonblocking_config();
+    const ncclResult_t result = ncclCommSplit(comm_, color, key, &child, &config);
+    if (result != ncclSuccess && result != ncclInProgress) fail(result);
+    const ncclResult_t state = poll_comm(comm_, deadline);
+    if (state != ncclSuccess) fail(state);
+    // The parent is ready once the job ended; the child's handle is stored by that job.
+    for (int polls = 0; __atomic_load_n(&child, __ATOMIC_ACQUIRE) == nullptr; ++polls) {
+      if (Clock::now() > deadline) fail(ncclInProgress);
+      backoff(polls);
+    }
+  }
+  child = await_new_comm(child, ncclSuccess, "NCCL call `ncclCommSplit`", timeout_, deadline, what);
 #else
   // No ncclCommSplit: the first member of each color creates a unique id, and every member
   // learns its leader's id over this (parent) communicator.

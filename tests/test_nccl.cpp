@@ -5,6 +5,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#if XFUSER_TORCH_CUDA
+#include <ATen/cuda/Sleep.h>
+#endif
 
 #include "backends/error.h"
 #include "parallel/communicator.h"
@@ -178,17 +181,32 @@ TEST(Nccl, WorldOfOneSelfSendRecvAndAsynchronousCounts) {
   EXPECT_EQ(comm->stats().at("all_reduce").calls, 200);
 }
 
-// The child of Nccl.TheWatchdogEndsTheJobNamingTheOperationAndPeer: a receive from itself that no
-// send matches. The host does not block on it; the watchdog must end the process.
-TEST(NcclChild, UnmatchedReceive) {
+// The child of Nccl.TheWatchdogEndsTheJobNamingTheOperationAndPeer: a grouped send/recv to itself
+// queued behind a compute stream that spins for about 10 s, past its 2 s deadline. (A receive
+// that no send matches cannot stand in: NCCL refuses a self-receive without its send on the
+// host.) The host does not block on it; the watchdog must end the process.
+TEST(NcclChild, OperationPastItsDeadline) {
   const char* child = std::getenv("XFUSER_TEST_NCCL_CHILD");
   if (child == nullptr || !*child) GTEST_SKIP() << "runs as the child of a watchdog test";
+#if XFUSER_TORCH_CUDA
   WorldOfOne bootstrap;
   auto comm = xp::make_nccl_communicator(bootstrap, "lonely", std::chrono::seconds(2));
-  at::Tensor t = at::zeros({256}, at::TensorOptions().device(at::Device(at::kCUDA, 0)));
-  comm->irecv(t, 0)->wait();
-  (void)t.sum().item<float>();  // blocks on the stream until the watchdog ends the process
-  FAIL() << "the unmatched receive completed";
+  const auto opts = at::TensorOptions().device(at::Device(at::kCUDA, 0));
+  at::Tensor in = at::zeros({256}, opts), out = at::ones({256}, opts);
+  at::cuda::sleep(int64_t{20} * 1000 * 1000 * 1000);  // clock cycles: ~10 s at 2 GHz
+  std::vector<xp::P2POp> ops(2);
+  ops[0].kind = xp::P2POp::Kind::kRecv;
+  ops[0].tensor = in;
+  ops[0].peer = 0;
+  ops[1].kind = xp::P2POp::Kind::kSend;
+  ops[1].tensor = out;
+  ops[1].peer = 0;
+  comm->batch_p2p(std::move(ops))->wait();
+  (void)in.sum().item<float>();  // blocks on the stream until the watchdog ends the process
+  FAIL() << "the operation completed before the watchdog ended the process";
+#else
+  FAIL() << "needs a CUDA libtorch";
+#endif
 }
 
 TEST(Nccl, TheWatchdogEndsTheJobNamingTheOperationAndPeer) {
@@ -197,12 +215,14 @@ TEST(Nccl, TheWatchdogEndsTheJobNamingTheOperationAndPeer) {
   std::string out;
   const int rc =
       xfuser::testing::run_command("XFUSER_TEST_NCCL_CHILD=1 timeout 120 " + self.string() +
-                                       " --gtest_filter=NcclChild.UnmatchedReceive",
+                                       " --gtest_filter=NcclChild.OperationPastItsDeadline",
                                    &out);
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(rc, 124) << "the watchdog did not end the process\n" << out;
-  EXPECT_NE(out.find("nccl irecv from rank 0 (world rank 0) on group 'lonely'"), std::string::npos)
+  EXPECT_NE(out.find("nccl batch_p2p on group 'lonely' (1024 bytes) [recv from rank 0, send to "
+                     "rank 0]"),
+            std::string::npos)
       << out;
   EXPECT_NE(out.find("did not complete before its deadline"), std::string::npos) << out;
-  EXPECT_EQ(out.find("the unmatched receive completed"), std::string::npos) << out;
+  EXPECT_EQ(out.find("the operation completed"), std::string::npos) << out;
 }
