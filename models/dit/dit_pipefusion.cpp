@@ -272,6 +272,22 @@ void PipeFusion::step(int index, const DiTInputs& in, int branches, const Combin
   auto& pp = groups_.pp();
   const int sp = groups_.config().sp(), sp_rank = groups_.coords().sp;
   if (!latents.is_contiguous()) latents = latents.contiguous();
+  if (latent_comm_ && !latent_path_connected_) {
+    // NCCL connects two ranks on their first point-to-point operation, and each host waits in it
+    // until the other posts its side. Stage 0 posts its first latent receive (from the last
+    // stage) before it sends any activations, while the last stage sends latents only after
+    // activations arrived: left to the first real operation, that is a deadlock. The two connect
+    // here, both ways in one group, before anything else moves.
+    if (first || last) {
+      const int peer = first ? stages_ - 1 : 0;
+      at::Tensor out = at::zeros({1}, latents.options()), in = at::empty({1}, latents.options());
+      latent_comm_
+          ->batch_p2p({parallel::P2POp::send(out, peer, parallel::Tag::kPipeLatent),
+                       parallel::P2POp::recv(in, peer, parallel::Tag::kPipeLatent)})
+          ->wait();
+    }
+    latent_path_connected_ = true;
+  }
   const int64_t batch = latents.size(0), channels = latents.size(2);
   const bool cross = model_.text_attention() == TextAttention::kCross;
   const bool text_first = model_.text_attention() == TextAttention::kJointTextFirst;

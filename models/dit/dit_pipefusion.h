@@ -148,9 +148,10 @@ class PipeFusion {
   // stream (NCCL); null on MPI, where the pp group carries them under their own tag. Declared
   // before the pending operations on it, so it outlives them.
   std::unique_ptr<parallel::Communicator> latent_comm_;
-  std::map<int64_t, at::Tensor> kv_;  // layer -> [2, B', N, H, hd]
-  std::deque<Pending> latents_in_;    // stage 0: latent patches of the previous step
-  std::vector<Pending> sends_;        // pending isends of this step
+  bool latent_path_connected_ = false;  // stage 0 and the last stage exchanged on latent_comm_
+  std::map<int64_t, at::Tensor> kv_;    // layer -> [2, B', N, H, hd]
+  std::deque<Pending> latents_in_;      // stage 0: latent patches of the previous step
+  std::vector<Pending> sends_;          // pending isends of this step
 };
 
 using TokenRange = PipeFusion::TokenRange;
