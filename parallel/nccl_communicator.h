@@ -48,6 +48,10 @@ bool nccl_compiled_in();
 // xfuser::Error naming what is missing otherwise. Never crashes on a machine without a GPU.
 std::string nccl_probe();
 
+// The PCI bus id of CUDA device `device` ("0000:3b:00.0"): which physical GPU a rank drives,
+// whatever CUDA_VISIBLE_DEVICES numbering it sees. Needs the NCCL backend (its CUDA runtime).
+std::string gpu_bus_id(int device);
+
 // Creates the NCCL communicator of the group of `bootstrap` (same members, same ranks): runs
 // nccl_probe() first, then group rank 0 creates the ncclUniqueId and broadcasts its bytes over
 // `bootstrap` (a CPU uint8 tensor), and every member joins on the current CUDA device.

@@ -13,6 +13,11 @@ std::string nccl_probe() {
       "-DXFUSER_WITH_NCCL=ON and NCCL installed (XFUSER_CUDA_ROOT or NCCL_ROOT)");
 }
 
+std::string gpu_bus_id(int device) {
+  nccl_probe();  // throws
+  XF_THROW("unreachable: nccl_probe() succeeded in a build without NCCL (device ", device, ")");
+}
+
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap,
                                                      const std::string& name,
                                                      std::chrono::milliseconds timeout) {

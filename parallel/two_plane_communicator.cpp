@@ -1,7 +1,14 @@
 #include "parallel/two_plane_communicator.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
 #include <functional>
+#include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
@@ -205,15 +212,41 @@ std::shared_ptr<Communicator> make_world_communicator(const std::string& comm_ba
              device.str(), "; NCCL moves CUDA tensors only)");
     return mpi;
   }
-  // The same facts on every rank: does any node run more ranks than it has GPUs; does any rank
-  // lack NCCL.
-  const bool shares_gpu = local_size > visible_gpus;
-  at::Tensor facts = at::tensor({shares_gpu ? 1 : 0, nccl_compiled_in() ? 0 : 1}, at::kInt);
+  // The same facts on every rank: does any rank lack NCCL; do two ranks drive one GPU.
+  at::Tensor facts = at::tensor({nccl_compiled_in() ? 0 : 1}, at::kInt);
   mpi->all_reduce(facts, ReduceOp::kMax);
-  const bool any_shared = facts[0].item<int>() != 0;
-  const bool any_without_nccl = facts[1].item<int>() != 0;
-  const std::string sharing = "ranks share a GPU (this node: " + std::to_string(local_size) +
-                              " ranks, " + std::to_string(visible_gpus) + " visible GPUs)";
+  const bool any_without_nccl = facts[0].item<int>() != 0;
+  bool any_shared = false;
+  std::string sharing;
+  if (!any_without_nccl) {
+    // Which physical GPU each rank drives (host name, PCI bus id), from every rank: counting
+    // local ranks against visible GPUs would misjudge launchers that give each rank its own
+    // CUDA_VISIBLE_DEVICES (one visible GPU per rank, none shared).
+    char host[256] = {0};
+    (void)gethostname(host, sizeof(host) - 1);
+    const std::string mine = std::string(host) + " " + gpu_bus_id(device.index());
+    constexpr int64_t kIdBytes = 320;
+    at::Tensor id = at::zeros({1, kIdBytes}, at::kByte);
+    std::memcpy(id.data_ptr(), mine.data(), std::min<size_t>(mine.size(), kIdBytes - 1));
+    const at::Tensor all = mpi->all_gather(id).contiguous();  // [world, kIdBytes]
+    std::map<std::string, std::vector<int>> drivers;          // GPU -> world ranks
+    for (int64_t r = 0; r < all.size(0); ++r) {
+      const char* bytes = reinterpret_cast<const char*>(all[r].data_ptr<uint8_t>());
+      drivers[std::string(bytes, strnlen(bytes, kIdBytes))].push_back(
+          mpi->world_ranks()[static_cast<size_t>(r)]);
+    }
+    for (const auto& [gpu, ranks] : drivers) {
+      if (ranks.size() < 2 || any_shared) continue;
+      any_shared = true;
+      sharing = "ranks share a GPU (world ranks";
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        sharing += (i == 0 ? " " : ", ") + std::to_string(ranks[i]);
+      }
+      sharing += " drive the GPU at PCI " + gpu.substr(gpu.rfind(' ') + 1) + " of host " +
+                 gpu.substr(0, gpu.rfind(' ')) + "; this node: " + std::to_string(local_size) +
+                 " ranks, " + std::to_string(visible_gpus) + " visible GPUs)";
+    }
+  }
   if (comm_backend == "nccl") {
     XF_CHECK(!any_without_nccl,
              "--comm_backend nccl: this build has no NCCL backend (configure against a CUDA "
