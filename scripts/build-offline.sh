@@ -59,6 +59,14 @@ export LD_LIBRARY_PATH="$ARCH_LIB:$ARCH_LIB/openmpi/lib:$ARCH_LIB/pmix2/lib\${LD
 export PKG_CONFIG_PATH="$ARCH_LIB/pkgconfig:$PREFIX/usr/share/pkgconfig"
 export PKG_CONFIG_SYSROOT_DIR="$PREFIX"
 EOF
+cat >>"$ENV_FILE" <<'EOF'
+# Open MPI 4.1 refuses to start (mpirun, and MPI_Init without mpirun) when neither ssh nor rsh is
+# on the PATH, even on one node: without them, launch on this node only.
+if [[ -z "${OMPI_MCA_plm:-}" ]] && ! command -v ssh >/dev/null 2>&1 &&
+  ! command -v rsh >/dev/null 2>&1; then
+  export OMPI_MCA_plm='^rsh'
+fi
+EOF
 # shellcheck disable=SC1090
 source "$ENV_FILE"
 
