@@ -442,6 +442,14 @@ void check_attention_kernel_runs(AttentionKernel kernel, const c10::Device& devi
 #endif
 }
 
+AttentionKernel resolve_attention_kernel(const std::string& flag, const c10::Device& device) {
+  const AttentionKernel kernel = flag.empty() ? default_attention_kernel()
+                                              : parse_attention_kernel(flag, "--attention_backend");
+  check_attention_kernel_runs(kernel, device,
+                              flag.empty() ? "XFUSER_ATTENTION_KERNEL" : "--attention_backend");
+  return kernel;
+}
+
 AttentionKernel default_attention_kernel() {
   int k = g_default_kernel.load(std::memory_order_acquire);
   if (k < 0) {

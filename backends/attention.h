@@ -56,6 +56,11 @@ AttentionKernel parse_attention_kernel(const std::string& name, const std::strin
 void check_attention_kernel_runs(AttentionKernel kernel, const c10::Device& device,
                                  const std::string& what);
 
+// The kernel a run asks for: `flag` (the value of --attention_backend) when not empty, else
+// XFUSER_ATTENTION_KERNEL, else automatic; an unknown name, or a kernel that cannot run on
+// `device` (check_attention_kernel_runs), is an error naming the flag or the variable.
+AttentionKernel resolve_attention_kernel(const std::string& flag, const c10::Device& device);
+
 // The process default for calls that name no kernel: XFUSER_ATTENTION_KERNEL when set (an
 // unknown name is an error naming the variable), else automatic.
 AttentionKernel default_attention_kernel();

@@ -294,16 +294,8 @@ ResolvedArgs Runner::preprocess_args() const {
   if (c.dtype.empty()) c.dtype = backends::dtype_name(default_cpu_dtype());
   args.dtype = backends::parse_dtype(c.dtype);
   args.device = backends::select_device(c.device);
-  if (!c.attention_backend.empty()) {
-    args.attention_kernel =
-        backends::parse_attention_kernel(c.attention_backend, "--attention_backend");
-  } else {
-    // XFUSER_ATTENTION_KERNEL, read now so a bad name fails before anything loads.
-    args.attention_kernel = backends::default_attention_kernel();
-  }
-  backends::check_attention_kernel_runs(
-      *args.attention_kernel, args.device,
-      c.attention_backend.empty() ? "XFUSER_ATTENTION_KERNEL" : "--attention_backend");
+  // Now, so a bad name fails before anything loads.
+  args.attention_kernel = backends::resolve_attention_kernel(c.attention_backend, args.device);
   // Flags that would change nothing: one warning each, naming the flag.
   if (!c.negative_prompt.empty() && spec.options.count("--true_cfg_scale") &&
       *c.true_cfg_scale <= 1.0) {
@@ -535,7 +527,7 @@ void Runner::initialize(const ResolvedArgs& args) {
   // The layout against the model's configs and the memory the run needs, before any weight.
   check_before_loading(args, model_dir_);
   spdlog::info("loading {} from {} ({})", spec.id, model_dir_.string(), args.config.dtype);
-  if (args.attention_kernel) backends::set_default_attention_kernel(*args.attention_kernel);
+  backends::set_default_attention_kernel(args.attention_kernel);
   backends::reset_attention_kernel_calls();
   model_ = spec.create(spec);
   model_->set_process_groups(groups_);
@@ -834,34 +826,33 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
     report["device"] = backends::device_name(args.device);
     // The plane of device tensors: "mpi+nccl", "mpi" (through host memory), or "none" (1 rank).
     report["comm_backend"] = groups_ ? groups_->world().backend() : "none";
-    report["config"] = {
-        {"height", args.request.height},
-        {"width", args.request.width},
-        {"num_inference_steps", args.request.num_inference_steps},
-        {"guidance_scale", args.request.guidance_scale},
-        {"true_cfg_scale", args.request.true_cfg_scale},
-        {"max_sequence_length", args.request.max_sequence_length},
-        {"seed", c.seed},
-        {"dtype", c.dtype},
-        {"prompts", args.request.prompts.size()},
-        {"batch_size", args.batch_size},
-        {"dataset_path", c.dataset_path},
-        {"resume", c.resume},
-        {"total_prompts", args.total_prompts},
-        {"skipped_prompts", args.skipped_prompts},
-        {"prompt_indices", args.prompt_indices},
-        {"ulysses_degree", c.ulysses_degree},
-        {"ring_degree", c.ring_degree},
-        {"pipefusion_parallel_degree", c.pipefusion_parallel_degree},
-        {"tensor_parallel_degree", c.tensor_parallel_degree},
-        {"data_parallel_degree", c.data_parallel_degree},
-        {"use_cfg_parallel", c.use_cfg_parallel},
-        {"use_torch_compile", c.use_torch_compile},
-        {"attention_backend", backends::attention_kernel_name(args.attention_kernel.value_or(
-                                  backends::AttentionKernel::automatic))},
-        {"warmup_calls", c.warmup_calls},
-        {"num_iterations", c.num_iterations},
-        {"threads", at::get_num_threads()}};
+    const char* attention_backend = backends::attention_kernel_name(args.attention_kernel);
+    report["config"] = {{"height", args.request.height},
+                        {"width", args.request.width},
+                        {"num_inference_steps", args.request.num_inference_steps},
+                        {"guidance_scale", args.request.guidance_scale},
+                        {"true_cfg_scale", args.request.true_cfg_scale},
+                        {"max_sequence_length", args.request.max_sequence_length},
+                        {"seed", c.seed},
+                        {"dtype", c.dtype},
+                        {"prompts", args.request.prompts.size()},
+                        {"batch_size", args.batch_size},
+                        {"dataset_path", c.dataset_path},
+                        {"resume", c.resume},
+                        {"total_prompts", args.total_prompts},
+                        {"skipped_prompts", args.skipped_prompts},
+                        {"prompt_indices", args.prompt_indices},
+                        {"ulysses_degree", c.ulysses_degree},
+                        {"ring_degree", c.ring_degree},
+                        {"pipefusion_parallel_degree", c.pipefusion_parallel_degree},
+                        {"tensor_parallel_degree", c.tensor_parallel_degree},
+                        {"data_parallel_degree", c.data_parallel_degree},
+                        {"use_cfg_parallel", c.use_cfg_parallel},
+                        {"use_torch_compile", c.use_torch_compile},
+                        {"attention_backend", attention_backend},
+                        {"warmup_calls", c.warmup_calls},
+                        {"num_iterations", c.num_iterations},
+                        {"threads", at::get_num_threads()}};
     nlohmann::json iterations = nlohmann::json::array();
     for (size_t i = 0; i < result.iterations.size(); ++i) {
       const auto& it = result.iterations[i];

@@ -46,9 +46,9 @@ struct ResolvedArgs {
   c10::ScalarType dtype = c10::kFloat;
   // --device on this rank (backends::select_device: made the current CUDA device when CUDA).
   c10::Device device = c10::Device(c10::kCPU);
-  // --attention_backend (unset: XFUSER_ATTENTION_KERNEL, else automatic); initialize() makes it
-  // the process default (backends::set_default_attention_kernel).
-  std::optional<backends::AttentionKernel> attention_kernel;
+  // --attention_backend, else XFUSER_ATTENTION_KERNEL, else automatic; initialize() makes it the
+  // process default (backends::set_default_attention_kernel).
+  backends::AttentionKernel attention_kernel = backends::AttentionKernel::automatic;
 };
 
 // Communication per group name, then per operation, of one timed iteration.

@@ -73,14 +73,8 @@ void run_forward(const ForwardOptions& opts) {
   const auto dtype = xfuser::backends::parse_dtype(opts.dtype);
   // Before any CUDA or NCCL call; --device cuda without one is an error on every rank.
   const c10::Device device = backends::select_device(opts.device);
-  const auto attention_kernel =
-      opts.attention_backend.empty()
-          ? backends::default_attention_kernel()
-          : backends::parse_attention_kernel(opts.attention_backend, "--attention_backend");
-  backends::check_attention_kernel_runs(
-      attention_kernel, device,
-      opts.attention_backend.empty() ? "XFUSER_ATTENTION_KERNEL" : "--attention_backend");
-  backends::set_default_attention_kernel(attention_kernel);
+  backends::set_default_attention_kernel(
+      backends::resolve_attention_kernel(opts.attention_backend, device));
 
   // Under mpirun (or with degrees > 1) the ranks split the work as xfuser-run does; every rank
   // computes the same output and the last one writes it. The groups come first: a
