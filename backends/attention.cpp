@@ -244,24 +244,25 @@ struct FusedCall {
   bool half = false;  // fp16 or bf16
 };
 
-// Why `kernel` cannot take the call, or "" when it can. Mirrors the kernels' own constraints
-// closely enough that a call they would refuse is not made (PyTorch still checks).
-std::string why_not(AttentionKernel kernel, const FusedCall& c) {
+// Why `kernel` cannot take the call, or nullptr when it can (no allocation: it is asked on every
+// call). Mirrors the kernels' own constraints closely enough that a call they would refuse is not
+// made (PyTorch still checks).
+const char* why_not(AttentionKernel kernel, const FusedCall& c) {
   switch (kernel) {
     case AttentionKernel::flash:
       if (!c.half) return "needs fp16 or bf16";
       if (c.attn_bias) return "takes no mask or bias";
       if (c.d != c.dv || c.d % 8 != 0 || c.d > 256)
         return "needs equal head dims, a multiple of 8 and at most 256";
-      return "";
+      return nullptr;
     case AttentionKernel::efficient:
       if (c.d % 8 != 0 || c.dv % 8 != 0) return "needs head dims that are multiples of 8";
-      return "";
+      return nullptr;
     case AttentionKernel::cudnn:
 #ifdef XFUSER_CUDNN_ATTENTION
       if (!c.half) return "needs fp16 or bf16";
       if (c.d % 8 != 0 || c.dv % 8 != 0) return "needs head dims that are multiples of 8";
-      return "";
+      return nullptr;
 #else
       return "needs libtorch >= 2.6";
 #endif
@@ -269,6 +270,8 @@ std::string why_not(AttentionKernel kernel, const FusedCall& c) {
       return "is not a fused kernel";
   }
 }
+
+bool takes(AttentionKernel kernel, const FusedCall& c) { return why_not(kernel, c) == nullptr; }
 
 // [B, H, Sq, Dv] output and the kernel's log-sum-exp -> the contract's [B, Sq, H, Dv] and float32
 // [B, H, Sq]; with a mask or bias, a query whose keys are all masked gets out 0 and lse -inf
@@ -353,10 +356,10 @@ AttentionOutput fused_attention(const at::Tensor& q, const at::Tensor& k, const 
   c.scale = scale;
   c.half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
   if (strict) {
-    const std::string why = why_not(wanted, c);
-    XF_CHECK(why.empty(), "attention: kernel '", attention_kernel_name(wanted), "' ", why, " (q ",
-             shape_string(q.sizes()), " ", q.scalar_type(), ", k ", shape_string(k.sizes()), ", v ",
-             shape_string(v.sizes()), mask.defined() ? ", a mask" : "",
+    const char* why = why_not(wanted, c);
+    XF_CHECK(why == nullptr, "attention: kernel '", attention_kernel_name(wanted), "' ", why,
+             " (q ", shape_string(q.sizes()), " ", q.scalar_type(), ", k ", shape_string(k.sizes()),
+             ", v ", shape_string(v.sizes()), mask.defined() ? ", a mask" : "",
              bias.defined() ? ", a bias" : "", ")");
     try {
       return run_fused(wanted, c);
@@ -366,12 +369,12 @@ AttentionOutput fused_attention(const at::Tensor& q, const at::Tensor& k, const 
     }
   }
   AttentionKernel kernel = wanted;
-  if (kernel == AttentionKernel::automatic || !why_not(kernel, c).empty()) {
+  if (kernel == AttentionKernel::automatic || !takes(kernel, c)) {
     kernel = pytorch_choice(c);
   }
   if (kernel == AttentionKernel::cudnn) {
     std::atomic<bool>& failed = g_cudnn_failed[c.attn_bias ? 1 : 0];
-    if (why_not(kernel, c).empty() && !failed.load(std::memory_order_relaxed)) {
+    if (takes(kernel, c) && !failed.load(std::memory_order_relaxed)) {
       try {
         return run_fused(kernel, c);
       } catch (const c10::Error& e) {
@@ -387,11 +390,11 @@ AttentionOutput fused_attention(const at::Tensor& q, const at::Tensor& k, const 
     kernel = AttentionKernel::automatic;
   }
   if (kernel == AttentionKernel::automatic) {  // PyTorch had no usable answer: xfuser's order
-    kernel = why_not(AttentionKernel::flash, c).empty()       ? AttentionKernel::flash
-             : why_not(AttentionKernel::efficient, c).empty() ? AttentionKernel::efficient
-                                                              : AttentionKernel::chunked;
+    kernel = takes(AttentionKernel::flash, c)       ? AttentionKernel::flash
+             : takes(AttentionKernel::efficient, c) ? AttentionKernel::efficient
+                                                    : AttentionKernel::chunked;
   }
-  if (kernel == AttentionKernel::chunked || !why_not(kernel, c).empty()) {
+  if (kernel == AttentionKernel::chunked || !takes(kernel, c)) {
     return counted(Ran::chunked, chunked_attention(q, k, v, mask, bias, scale, chunk));
   }
   return run_fused(kernel, c);
