@@ -110,8 +110,8 @@ struct DeviceUploader::Staging {
 };
 
 DeviceUploader::DeviceUploader(c10::Device device) : device_(device) {
-  XF_CHECK(device_.is_cpu() || device_.is_cuda(), "weights cannot be loaded to device ",
-           device_.str(), " (expected cpu or cuda)");
+  XF_CHECK(device_.is_cpu() || device_.is_cuda() || device_.type() == c10::DeviceType::PrivateUse1,
+           "weights cannot be loaded to device ", device_.str(), " (expected cpu or cuda)");
   staging_[0] = std::make_unique<Staging>();
   staging_[1] = std::make_unique<Staging>();
 }
@@ -127,6 +127,10 @@ at::Tensor DeviceUploader::upload(const at::Tensor& host, c10::ScalarType dtype)
   XF_CHECK(host.device().is_cpu(), "DeviceUploader: the source tensor is on ", host.device().str(),
            ", expected host memory");
   if (device_.is_cpu()) return host.scalar_type() == dtype ? host : host.to(dtype);
+  if (!device_.is_cuda()) {  // an in-process backend (tests' checked device): a plain copy
+    bytes_ += host.numel() * static_cast<int64_t>(c10::elementSize(dtype));
+    return host.to(at::TensorOptions().dtype(dtype).device(device_)).contiguous();
+  }
   const int64_t nbytes = host.numel() * static_cast<int64_t>(c10::elementSize(dtype));
   at::Tensor out = at::empty(host.sizes(), at::TensorOptions().dtype(dtype).device(device_));
   if (nbytes == 0) return out;

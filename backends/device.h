@@ -62,7 +62,8 @@ DeviceMemoryStats device_memory_stats(const c10::Device& device);
 // stream: the host fills one buffer while the other's copy runs. A buffer is reused only after
 // its copy's event has completed; finish() (and the destructor) waits for every copy, so the
 // staging memory is never freed under a pending copy. Uploaded tensors are ordered before any
-// later work on the current stream.
+// later work on the current stream. A PrivateUse1 device (the tests' checked device,
+// tests/checked_device.h) gets a plain synchronous copy.
 class DeviceUploader {
  public:
   explicit DeviceUploader(c10::Device device);

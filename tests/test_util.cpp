@@ -124,7 +124,8 @@ std::vector<std::string> strings(const nlohmann::json& j) {
 
 }  // namespace
 
-void check_pipeline(const std::string& name, const std::filesystem::path& given_folder) {
+void check_pipeline(const std::string& name, const std::filesystem::path& given_folder,
+                    c10::Device device) {
   namespace fs = std::filesystem;
   const fs::path folder = given_folder.empty() ? fixtures_dir() / "pipelines" / name : given_folder;
   const fs::path refs = fixtures_dir() / "pipelines" / (name + ".ref");
@@ -132,7 +133,9 @@ void check_pipeline(const std::string& name, const std::filesystem::path& given_
   XF_REQUIRE_FIXTURE(refs);
   const auto& spec = models::ModelRegistry::for_pipeline_folder(folder);
   auto model = spec.create(spec);
-  model->load(folder, {});  // fp32
+  models::ModelLoadOptions options;  // fp32
+  options.device = device;
+  model->load(folder, options);
   int cases = 0;
   for (const auto& entry : fs::directory_iterator(refs)) {
     const fs::path dir = entry.path();
@@ -171,18 +174,19 @@ void check_pipeline(const std::string& name, const std::filesystem::path& given_
     const at::Tensor want =
         xfuser::models::SafetensorsFile((dir / "final.safetensors").string()).get("latents");
     // The run reports the latents it started from, in the pipeline's own layout.
-    EXPECT_TRUE(at::equal(out.initial_latents, r.latents));
+    EXPECT_TRUE(at::equal(out.initial_latents.cpu(), r.latents));
+    EXPECT_EQ(out.latents.device(), device);
     ASSERT_EQ(out.latents.sizes(), want.sizes());
-    const double rel = max_rel_error(out.latents, want);
+    const double rel = max_rel_error(out.latents.cpu(), want);
     EXPECT_LE(rel, 1e-4) << "final latents vs diffusers";
-    std::printf("%s/%s: final latents rel %.2e\n", name.c_str(), dir.filename().string().c_str(),
-                rel);
+    std::printf("%s/%s on %s: final latents rel %.2e\n", name.c_str(),
+                dir.filename().string().c_str(), device.str().c_str(), rel);
     if (fs::exists(dir / "image.safetensors")) {
       const at::Tensor image =
           xfuser::models::SafetensorsFile((dir / "image.safetensors").string()).get("image");
       const at::Tensor ref = (image * 255).round().to(at::kInt);  // [B, (F,) H, W, 3]
       ASSERT_EQ(out.images.sizes(), ref.sizes());
-      const int diff = (out.images.to(at::kInt) - ref).abs().max().item<int>();
+      const int diff = (out.images.cpu().to(at::kInt) - ref).abs().max().item<int>();
       EXPECT_LE(diff, 1) << "decoded image vs diffusers (levels of 255)";
     }
     ++cases;

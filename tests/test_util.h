@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json_fwd.hpp>
 
@@ -59,8 +60,10 @@ std::map<std::string, at::Tensor> read_tensors(const std::filesystem::path& path
 // pipelines/<name>/ (the model from its model_index.json), fp32: the final latents within 1e-4
 // relative and the decoded pixels within 1 level (gtest failures).
 // `folder`, when given, is the pipeline folder instead of pipelines/<name>/ (a committed model
-// outside the fixtures, as tiny-shapes).
-void check_pipeline(const std::string& name, const std::filesystem::path& folder = {});
+// outside the fixtures, as tiny-shapes). `device`: where the model loads and runs (the checked
+// device of tests/checked_device.h, a GPU).
+void check_pipeline(const std::string& name, const std::filesystem::path& folder = {},
+                    c10::Device device = c10::Device(c10::kCPU));
 
 // Fails unless `fn` throws an xfuser::Error whose text contains every needle.
 void expect_error_containing(const std::function<void()>& fn,

@@ -1,0 +1,272 @@
+// Device correctness of every component without a GPU: each diffusers / transformers fixture
+// (tests/fixtures/<library>-v*/<case>/ with config.json, weights and inputs.safetensors) is loaded
+// onto the checked device (tests/checked_device.h: host memory that is another device) and run
+// there on inputs moved there. A tensor the model makes on the CPU instead of on its inputs'
+// device, then mixes with them, is an error there as it is on a GPU. The outputs must be on the
+// device, and equal the CPU run's (the same kernels run, so exactly).
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
+#include "models/common/component.h"
+#include "models/weights/component_folder.h"
+#include "tests/checked_device.h"
+#include "tests/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using xfuser::models::TensorMap;
+
+struct Case {
+  std::string name;  // "diffusers-v0.33.1/flux-tiny-s1"
+  fs::path dir;
+};
+
+// Every component fixture: a folder with a config.json, a case.json and inputs.safetensors.
+std::vector<Case> component_cases() {
+  std::vector<Case> cases;
+  const fs::path root = xfuser::testing::fixtures_dir();
+  if (!fs::exists(root)) return cases;
+  for (const auto& library : fs::directory_iterator(root)) {
+    const std::string lib = library.path().filename().string();
+    if (!library.is_directory() ||
+        (lib.rfind("diffusers-v", 0) != 0 && lib.rfind("transformers-v", 0) != 0)) {
+      continue;
+    }
+    for (const auto& entry : fs::directory_iterator(library.path())) {
+      const fs::path d = entry.path();
+      if (fs::exists(d / "config.json") && fs::exists(d / "case.json") &&
+          fs::exists(d / "inputs.safetensors")) {
+        cases.push_back({lib + "/" + d.filename().string(), d});
+      }
+    }
+  }
+  std::sort(cases.begin(), cases.end(),
+            [](const Case& a, const Case& b) { return a.name < b.name; });
+  return cases;
+}
+
+// The calls a case makes: its method with every input, or for a VAE case ("encode, decode")
+// encode on each `sample*` input and decode on each `z*` input, as tests/fixtures/generate.py
+// calls them.
+std::vector<std::pair<std::string, TensorMap>> calls_of(const nlohmann::json& case_json,
+                                                        const TensorMap& inputs) {
+  const std::string method = case_json.value("method", "forward");
+  if (method != "encode, decode") return {{method, inputs}};
+  std::vector<std::pair<std::string, TensorMap>> calls;
+  for (const auto& [name, t] : inputs) {
+    if (name.rfind("sample", 0) == 0) calls.push_back({"encode", {{"sample", t}}});
+    if (name.rfind("z", 0) == 0) calls.push_back({"decode", {{"z", t}}});
+  }
+  return calls;
+}
+
+// The text of the exception `fn` throws ("" if none).
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+class CheckedDevice : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (!xfuser::testing::checked_device_available()) {
+      GTEST_SKIP() << "the checked device needs libtorch >= 2.4";
+    }
+    xfuser::models::register_builtin_components();
+  }
+};
+
+TEST_P(CheckedDevice, ComponentRunsOnItsInputsDevice) {
+  const Case& c = GetParam();
+  const auto case_json = xfuser::testing::read_json(c.dir / "case.json");
+  const c10::Device device = xfuser::testing::checked_device();
+  const auto cpu = xfuser::models::load_component(c.dir.string(), at::kFloat);
+  std::shared_ptr<xfuser::models::Component> component;
+  try {
+    component = xfuser::models::load_component(c.dir.string(), at::kFloat, device);
+  } catch (const std::exception& e) {
+    FAIL() << c.name << ": loading onto " << device << ": " << e.what();
+  }
+  for (const auto& [name, slot] : component->named_parameters()) {
+    ASSERT_EQ(slot->tensor.device(), device) << c.name << ": parameter " << name;
+  }
+  const TensorMap host = xfuser::testing::read_tensors(c.dir / "inputs.safetensors");
+  TensorMap inputs;
+  for (const auto& [name, t] : host) inputs[name] = t.to(device);
+  const auto host_calls = calls_of(case_json, host);
+  const auto device_calls = calls_of(case_json, inputs);
+  int checked = 0;
+  for (size_t k = 0; k < device_calls.size(); ++k) {
+    const std::string& method = device_calls[k].first;
+    const TensorMap want = cpu->call(method, host_calls[k].second);
+    TensorMap got;
+    const int64_t reads = xfuser::testing::checked_device_host_reads();
+    try {
+      got = component->call(method, device_calls[k].second);
+      std::printf("%s %s.%s: %lld host reads\n", c.name.c_str(), component->class_name().c_str(),
+                  method.c_str(),
+                  static_cast<long long>(xfuser::testing::checked_device_host_reads() - reads));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << c.name << ": " << component->class_name() << "." << method << " on "
+                    << device << ": " << e.what();
+      continue;
+    }
+    ASSERT_EQ(got.size(), want.size()) << c.name << ": " << method;
+    for (const auto& [name, w] : want) {
+      ASSERT_TRUE(got.count(name)) << c.name << ": " << method << " has no output " << name;
+      const at::Tensor& g = got.at(name);
+      EXPECT_EQ(g.device(), device) << c.name << ": " << method << " output " << name;
+      EXPECT_EQ(g.sizes(), w.sizes()) << c.name << ": " << method << " output " << name;
+      if (g.sizes() == w.sizes()) {
+        // The same CPU kernels on copies (a convolution's input may differ in layout).
+        EXPECT_LE(xfuser::testing::max_rel_error(g.cpu(), w), 2e-5)
+            << c.name << ": " << method << " output " << name;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0) << c.name;
+}
+
+// The checker itself: a CPU tensor among device tensors is an error naming the operator, the
+// argument and its shape; 0-dim CPU tensors pass (as on CUDA); host reads are counted; views
+// alias; results equal the CPU's.
+TEST(CheckedDeviceBackend, CatchesACpuTensorAmongDeviceTensors) {
+  if (!xfuser::testing::checked_device_available()) GTEST_SKIP() << "needs libtorch >= 2.4";
+  const c10::Device device = xfuser::testing::checked_device();
+  const at::Tensor x =
+      at::arange(6, at::TensorOptions().dtype(at::kFloat).device(device)).reshape({2, 3});
+  EXPECT_EQ(x.device(), device);
+  // Elementwise operators check devices themselves (TensorIterator), the others here.
+  EXPECT_NE(error_of([&] {
+              (void)(x + at::ones({2, 3}));
+            }).find("found at least two devices, xfcheck:0 and cpu"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              (void)at::cat({x, at::zeros({1, 3})});
+            }).find("aten::cat.out argument 'tensors'[1] is a CPU tensor of shape [1, 3]"),
+            std::string::npos)
+      << error_of([&] {
+           (void)at::cat({x, at::zeros({1, 3})});
+         });
+  EXPECT_NE(error_of([&] {
+              (void)at::matmul(x, at::ones({3, 2}));
+            }).find("is a CPU tensor of shape [3, 2]"),
+            std::string::npos)
+      << error_of([&] {
+           (void)at::matmul(x, at::ones({3, 2}));
+         });
+  const at::Tensor y = x * at::scalar_tensor(2.0) + 1;  // a 0-dim CPU tensor is a scalar
+  EXPECT_TRUE(at::equal(y.cpu(), at::arange(6, at::kFloat).reshape({2, 3}) * 2 + 1));
+
+  const int64_t reads = xfuser::testing::checked_device_host_reads();
+  EXPECT_EQ(x.sum().item<double>(), 15.0);
+  (void)x.cpu();
+  EXPECT_EQ(xfuser::testing::checked_device_host_reads(), reads + 2);
+
+  at::Tensor z = at::zeros({2, 3}, x.options());
+  z.select(0, 1).copy_(x.select(0, 0));  // a write through a view lands in z
+  z.narrow(1, 0, 1).add_(5);
+  EXPECT_TRUE(at::equal(z.cpu(), at::tensor({5, 0, 0, 5, 1, 2}, at::kFloat).reshape({2, 3})));
+  EXPECT_GT(xfuser::testing::checked_device_ops(), 0);
+}
+
+// Every committed tiny pipeline (all eight contract models) on the checked device against
+// diffusers' final latents and pictures, from the same initial latents: text encoders,
+// transformer, scheduler and VAE, every tensor the pipeline makes.
+class CheckedDevicePipeline : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!xfuser::testing::checked_device_available()) {
+      GTEST_SKIP() << "the checked device needs libtorch >= 2.4";
+    }
+    xfuser::models::register_builtin_components();
+  }
+};
+
+TEST_P(CheckedDevicePipeline, EqualsDiffusers) {
+  const int64_t ops = xfuser::testing::checked_device_ops();
+  const int64_t reads = xfuser::testing::checked_device_host_reads();
+  xfuser::testing::check_pipeline(GetParam(), {}, xfuser::testing::checked_device());
+  EXPECT_GT(xfuser::testing::checked_device_ops(), ops) << "nothing ran on the checked device";
+  // Reads of device data on the host (each a synchronisation on a GPU), for the record.
+  const int64_t host_reads = xfuser::testing::checked_device_host_reads() - reads;
+  std::printf("%s: %lld operators on the checked device, %lld host reads\n", GetParam().c_str(),
+              static_cast<long long>(xfuser::testing::checked_device_ops() - ops),
+              static_cast<long long>(host_reads));
+  RecordProperty("host_reads", std::to_string(host_reads));
+}
+
+INSTANTIATE_TEST_SUITE_P(Pipelines, CheckedDevicePipeline,
+                         ::testing::Values("flux-tiny", "kontext-tiny", "flux2-tiny", "sd3-tiny",
+                                           "sd3-tiny-no-t5", "wan-t2v-tiny", "wan-i2v-tiny",
+                                           "wan22-t2v-tiny", "wan22-i2v-tiny", "hunyuan-video-tiny",
+                                           "hunyuan_video15-tiny", "hunyuan_video15-i2v-tiny"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return n;
+                         });
+
+std::string case_test_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string n = info.param.name;
+  for (char& ch : n) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CheckedDevice, ::testing::ValuesIn(component_cases()),
+                         case_test_name);
+
+// The discovery itself: every family's transformer and VAE and every text encoder has a case, so
+// an empty or shrunken fixture tree fails here instead of passing with nothing checked.
+TEST(CheckedDeviceCases, CoverEveryComponentClass) {
+  std::set<std::string> classes;
+  for (const Case& c : component_cases()) {
+    classes.insert(xfuser::testing::read_json(c.dir / "case.json").value("class", ""));
+  }
+  for (const char* want : {"FluxTransformer2DModel",
+                           "SD3Transformer2DModel",
+                           "WanTransformer3DModel",
+                           "HunyuanVideoTransformer3DModel",
+                           "HunyuanVideo15Transformer3DModel",
+                           "Flux2Transformer2DModel",
+                           "AutoencoderKL",
+                           "AutoencoderKLWan",
+                           "AutoencoderKLHunyuanVideo",
+                           "AutoencoderKLHunyuanVideo15",
+                           "AutoencoderKLFlux2",
+                           "CLIPTextModel",
+                           "CLIPTextModelWithProjection",
+                           "CLIPVisionModelWithProjection",
+                           "T5EncoderModel",
+                           "UMT5EncoderModel",
+                           "LlamaModel",
+                           "SiglipVisionModel",
+                           "Mistral3ForConditionalGeneration",
+                           "Qwen2_5_VLForConditionalGeneration"}) {
+    EXPECT_TRUE(classes.count(want))
+        << "no fixture case of " << want << " under " << xfuser::testing::fixtures_dir();
+  }
+}
+
+}  // namespace
