@@ -69,6 +69,12 @@ c10::Device select_device(const std::string& requested) {
   return device;
 }
 
+void set_fp32_math(c10::ScalarType compute_dtype, const c10::Device& device) {
+  if (!device.is_cuda() || compute_dtype != at::kFloat) return;
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+}
+
 std::string device_name(const c10::Device& device) { return device.str(); }
 
 void synchronize_device(const c10::Device& device) {

@@ -40,6 +40,13 @@ c10::Device resolve_device(const std::string& requested, int local_rank, const D
 // current device. Idempotent.
 c10::Device select_device(const std::string& requested);
 
+// fp32 runs on a GPU compute in IEEE fp32. libtorch lets cuDNN convolutions use TF32 by default
+// (inputs rounded to 10 mantissa bits, ~1e-3 relative; diffusers inherits it), and cuBLAS GEMMs
+// when float32_matmul_precision is lowered: xfuser's fp32 is the reference dtype that equals the
+// CPU and diffusers to 1e-4, so a CUDA run in fp32 turns both off. Other dtypes and devices keep
+// libtorch's settings. Process-wide (libtorch's global context).
+void set_fp32_math(c10::ScalarType compute_dtype, const c10::Device& device);
+
 // "cpu", "cuda:1": the name in logs and run reports.
 std::string device_name(const c10::Device& device);
 

@@ -529,6 +529,7 @@ void Runner::initialize(const ResolvedArgs& args) {
   spdlog::info("loading {} from {} ({})", spec.id, model_dir_.string(), args.config.dtype);
   backends::set_default_attention_kernel(args.attention_kernel);
   backends::reset_attention_kernel_calls();
+  backends::set_fp32_math(args.dtype, args.device);
   model_ = spec.create(spec);
   model_->set_process_groups(groups_);
   models::ModelLoadOptions options;

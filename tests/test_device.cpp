@@ -68,6 +68,20 @@ TEST(ResolveDevice, CudaWithoutOneNamesTheReason) {
       << msg;
 }
 
+TEST(Fp32Math, Fp32OnCudaTurnsTf32OffOtherRunsKeepLibtorchSettings) {
+  auto& ctx = at::globalContext();
+  ctx.setAllowTF32CuDNN(true);
+  ctx.setAllowTF32CuBLAS(true);
+  xfuser::backends::set_fp32_math(at::kBFloat16, c10::Device(c10::kCUDA, 0));
+  xfuser::backends::set_fp32_math(at::kFloat, c10::Device(c10::kCPU));
+  EXPECT_TRUE(ctx.allowTF32CuDNN());  // a bf16 run, a CPU run: untouched
+  EXPECT_TRUE(ctx.allowTF32CuBLAS());
+  // Only the global flags change (no CUDA call), so this runs without a GPU too.
+  xfuser::backends::set_fp32_math(at::kFloat, c10::Device(c10::kCUDA, 0));
+  EXPECT_FALSE(ctx.allowTF32CuDNN());
+  EXPECT_FALSE(ctx.allowTF32CuBLAS());
+}
+
 TEST(LocalRank, FromTheLauncher) {
   const char* saved = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   const std::string keep = saved ? saved : "";

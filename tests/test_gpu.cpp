@@ -7,8 +7,11 @@
 // - the tiny FLUX pipeline on cuda equals the CPU: fp32 final latents within 1e-4 relative, bf16
 //   within its own noise (its distance to CPU fp32 at most twice that of CPU bf16, plus a
 //   floor); the run report names the device and the caching allocator's memory;
+// - every committed tiny pipeline (all eight contract models) on cuda in fp32 equals diffusers as
+//   on the CPU (final latents 1e-4 relative, pictures 1 level);
 // - two ranks sharing one GPU over the MPI plane (--comm_backend mpi) equal one rank;
 // - --profile on cuda records GPU activity (kineto's CUDA activities) on a "gpu" track.
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -24,6 +27,7 @@
 
 #include "backends/attention.h"
 #include "backends/device.h"
+#include "models/common/component.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -243,5 +247,30 @@ TEST_F(GpuRun, ProfileRecordsGpuActivity) {
   std::printf("GPU events in the trace: %d\n", gpu_events);
   EXPECT_GT(gpu_events, 0);
 }
+
+// Every committed tiny pipeline (all eight contract models) on cuda in fp32 against diffusers'
+// final latents (1e-4 relative) and pictures (1 level), from the same initial latents, as the
+// CPU holds them (tests/test_pipeline_parity.cpp and friends); the fp32 math of an xfuser-run.
+class GpuPipelines : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuPipelines, EqualDiffusersOnCuda) {
+  REQUIRE_GPU();
+  xfuser::models::register_builtin_components();
+  xfuser::backends::set_fp32_math(at::kFloat, kCuda);
+  xfuser::testing::check_pipeline(GetParam(), {}, kCuda);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, GpuPipelines,
+                         ::testing::Values("flux-tiny", "kontext-tiny", "flux2-tiny", "sd3-tiny",
+                                           "sd3-tiny-no-t5", "wan-t2v-tiny", "wan-i2v-tiny",
+                                           "wan22-t2v-tiny", "wan22-i2v-tiny", "hunyuan-video-tiny",
+                                           "hunyuan_video15-tiny", "hunyuan_video15-i2v-tiny"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return n;
+                         });
 
 }  // namespace

@@ -75,6 +75,7 @@ void run_forward(const ForwardOptions& opts) {
   const c10::Device device = backends::select_device(opts.device);
   backends::set_default_attention_kernel(
       backends::resolve_attention_kernel(opts.attention_backend, device));
+  backends::set_fp32_math(dtype, device);
 
   // Under mpirun (or with degrees > 1) the ranks split the work as xfuser-run does; every rank
   // computes the same output and the last one writes it. The groups come first: a
