@@ -312,9 +312,6 @@ void HunyuanVideoModel::denoise_step(State& base, int index) {
   auto& s = static_cast<HunyuanState&>(base);
   const int64_t b = s.tokens.size(0);
   const float t = s.scheduler->timesteps()[index].item<float>();
-  const auto text_tokens = [](const at::Tensor& text) {
-    return at::full({1}, text.size(1), text.options().dtype(at::kLong));
-  };
   dit::DiTInputs positive;
   positive.token_ids = s.token_ids;
   positive.text = s.prompt_embeds;
@@ -326,13 +323,13 @@ void HunyuanVideoModel::denoise_step(State& base, int index) {
   const auto latents_dtype =
       index == 0 ? at::kFloat : static_cast<at::ScalarType>(hv_transformer_->dtype());
   positive.timestep = at::full({b}, t, s.tokens.options().dtype(at::kFloat)).to(latents_dtype);
-  positive.extra["text_tokens"] = text_tokens(s.prompt_embeds);
+  positive.extra["text_tokens"] = text_tokens_tensor(s.prompt_embeds);
   dit::DiTInputs negative = positive;
   if (s.do_true_cfg) {
     negative.text = s.negative_prompt_embeds;
     negative.text_mask = s.negative_prompt_mask;
     negative.pooled = s.negative_pooled;
-    negative.extra["text_tokens"] = text_tokens(s.negative_prompt_embeds);
+    negative.extra["text_tokens"] = text_tokens_tensor(s.negative_prompt_embeds);
   }
   // The output tokens hold each patch as (c, pt, p, p), as the latent tokens (patchify): the
   // scheduler steps them element-wise. diffusers' step returns the model output's dtype.

@@ -42,6 +42,11 @@ void check_whole_text(const dit::DiTInputs& in) {
 
 }  // namespace
 
+at::Tensor text_tokens_tensor(const at::Tensor& text) {
+  // Host memory on purpose: metadata the checks read, never an operand of device work.
+  return at::full({1}, text.size(1), at::TensorOptions().dtype(at::kLong));
+}
+
 // ---- single-stream block ------------------------------------------------------------------------
 
 // HunyuanVideoSingleTransformerBlock on the joined [image, text] sequence: norm
@@ -270,10 +275,12 @@ dit::DiTInputs HunyuanVideoTransformer3DModel::parse_forward_inputs(const Tensor
              "got other values");
   }
   in.text_mask = mask.to(at::kBool);
-  if (in.text.defined() && in.text.dim() == 3) {
-    in.extra["text_tokens"] = at::full({1}, in.text.size(1), in.text.options().dtype(at::kLong));
-  }
+  if (in.text.defined() && in.text.dim() == 3)
+    in.extra["text_tokens"] = text_tokens_tensor(in.text);
   check_inputs(in);
+  // A mask of all ones attends what no mask attends (the pipeline drops it the same way), and
+  // embed() then needs no key mask.
+  if (in.text_mask.numel() > 0 && in.text_mask.all().item<bool>()) in.text_mask = at::Tensor();
   return in;
 }
 
@@ -360,9 +367,8 @@ dit::DiTActivations HunyuanVideoTransformer3DModel::embed(const dit::DiTInputs& 
   if (in.text_mask.defined()) {
     // diffusers attends the first N + sum(mask[b]) keys of [image, text].
     const int64_t l = in.text.size(1);
-    auto counts = in.text_mask.sum(1, /*keepdim=*/true);                // [B, 1] int64
-    auto keys = at::arange(l, counts.options()).unsqueeze(0) < counts;  // [B, L]
-    if (!keys.all().item<bool>()) a.extra["text_key_mask"] = keys;
+    auto counts = in.text_mask.sum(1, /*keepdim=*/true);  // [B, 1] int64
+    a.extra["text_key_mask"] = at::arange(l, counts.options()).unsqueeze(0) < counts;  // [B, L]
   }
   a.rope = rope(in.token_ids, config_.rope_axes_dim, config_.rope_theta);
   return a;

@@ -7,9 +7,10 @@
 // frequencies) are computed per token from token_ids, so any subset of the tokens embeds exactly
 // as in the full video. DiTInputs.text is encoder_hidden_states [B, L, text_embed_dim],
 // text_mask the encoder_attention_mask [B, L] (bool; undefined = every text token valid), pooled
-// the pooled_projections, guidance the embedded guidance; extra["text_tokens"] ([1] int64, set by
-// parse_forward_inputs) the whole text's length, so that a text split over sequence-parallel
-// ranks is an error (the token refiner needs the whole text; see "Parallelism" below).
+// the pooled_projections, guidance the embedded guidance; extra["text_tokens"] ([1] int64 in host
+// memory, set by parse_forward_inputs and the pipeline) the whole text's length, so that a text
+// split over sequence-parallel ranks is an error (the token refiner needs the whole text; see
+// "Parallelism" below).
 //
 //   embed       x_embedder (Conv3d as a matmul over patches); time_text_embed (timestep +
 //               pooled text + guidance); context_embedder (HunyuanVideoTokenRefiner: the masked
@@ -139,6 +140,10 @@ class HunyuanVideoTransformer3DModel : public dit::DiTTransformer {
   std::shared_ptr<AdaLayerNormContinuous> norm_out_;
   std::shared_ptr<Linear> proj_out_;
 };
+
+// DiTInputs.extra["text_tokens"] for a text stream [B, L, C]: [1] int64 holding L, in host
+// memory (the checks read it; a read of device memory would synchronise every step).
+at::Tensor text_tokens_tensor(const at::Tensor& text);
 
 // Factory for the registries: HunyuanVideoConfig::from_json(config) -> an unloaded model for a
 // part and a tensor-parallel rank.

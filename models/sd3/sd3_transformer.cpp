@@ -477,7 +477,10 @@ void SD3Transformer2DModel::check_inputs(const dit::DiTInputs& in) const {
            ", 2] (row, col of each token), got ", shape_string(ids.sizes()));
   XF_CHECK(at::isFloatingType(ids.scalar_type()) || at::isIntegralType(ids.scalar_type(), false),
            "token_ids must be a real tensor, got ", ids.scalar_type());
-  {
+  // The ids index the position table. Their values are read only where that is free (host
+  // tensors): on a GPU it would synchronise every step, and the ids there are the ones
+  // token_ids() made from a grid checked against the table (the pipeline, parse_forward_inputs).
+  if (ids.device().is_cpu()) {
     auto f = ids.to(at::kDouble);
     const double lo = f.min().item<double>(), hi = f.max().item<double>();
     const bool integral = at::equal(f, f.round());
