@@ -96,6 +96,12 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, CheckedGuard)
 
 // Copies the fallback makes to run a CPU kernel are not host reads of the model's.
 thread_local int t_in_fallback = 0;
+struct InFallback {
+  InFallback() { ++t_in_fallback; }
+  ~InFallback() { --t_in_fallback; }
+  InFallback(const InFallback&) = delete;
+  InFallback& operator=(const InFallback&) = delete;
+};
 
 // A CPU tensor over a checked-device tensor's memory (same sizes, strides and offset).
 at::Tensor host_view(const at::Tensor& t) {
@@ -182,18 +188,10 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
     check_on_device("aten::convolution_overrideable", "bias", *bias);
     b = host_view(*bias);
   }
-  ++t_in_fallback;
-  at::Tensor out;
-  try {
-    out = at::convolution(host_view(input), host_view(weight), b, stride, padding, dilation,
-                          transposed, output_padding, groups)
-              .to(input.device());
-  } catch (...) {
-    --t_in_fallback;
-    throw;
-  }
-  --t_in_fallback;
-  return out;
+  InFallback scope;
+  return at::convolution(host_view(input), host_view(weight), b, stride, padding, dilation,
+                         transposed, output_padding, groups)
+      .to(input.device());
 }
 
 // The check a CUDA kernel makes, then the CPU kernel on host copies.
@@ -225,14 +223,8 @@ void checked_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
     }
   }
-  ++t_in_fallback;
-  try {
-    at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
-  } catch (...) {
-    --t_in_fallback;
-    throw;
-  }
-  --t_in_fallback;
+  InFallback scope;
+  at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

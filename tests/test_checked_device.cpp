@@ -1,14 +1,20 @@
-// Device correctness of every component without a GPU: each diffusers / transformers fixture
-// (tests/fixtures/<library>-v*/<case>/ with config.json, weights and inputs.safetensors) is loaded
-// onto the checked device (tests/checked_device.h: host memory that is another device) and run
-// there on inputs moved there. A tensor the model makes on the CPU instead of on its inputs'
-// device, then mixes with them, is an error there as it is on a GPU. The outputs must be on the
-// device, and equal the CPU run's (the same kernels run, so exactly).
+// Device correctness without a GPU, on the checked device (tests/checked_device.h: host memory
+// that is another device, with a CUDA kernel's device checks on every operator):
+// - every component fixture (tests/fixtures/<library>-v*/<case>/: config.json, weights,
+//   inputs.safetensors) loaded there through the load options and called there: outputs on the
+//   device and equal to the CPU run (the same CPU kernels on copies: within 2e-5); a transformer's
+//   forward reads nothing of the device's on the host (a GPU sync per step), HunyuanVideo-1.5
+//   excepted (counted);
+// - every committed tiny pipeline (all eight contract models) there against diffusers' final
+//   latents and pictures, from the same initial latents (tests/test_util.h check_pipeline);
+// - the checker itself: a CPU tensor among device tensors fails naming the operator, argument
+//   and shape; scalars pass; host reads are counted; views alias.
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -33,6 +39,7 @@ struct Case {
   std::string name;  // "diffusers-v0.33.1/flux-tiny-s1"
   fs::path dir;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 // Every component fixture: a folder with a config.json, a case.json and inputs.safetensors.
 std::vector<Case> component_cases() {
