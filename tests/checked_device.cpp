@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <sstream>
 
 #include "backends/error.h"
 
@@ -219,7 +220,10 @@ void checked_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     } else if (v.isList() && !cpu_indices_ok) {
       const auto list = v.toListRef();
       for (size_t j = 0; j < list.size(); ++j) {
-        if (list[j].isTensor()) check(list[j].toTensor(), i, "[" + std::to_string(j) + "]");
+        if (!list[j].isTensor()) continue;
+        std::ostringstream element;  // (not "[" + ... + "]": GCC 12 warns on it falsely)
+        element << '[' << j << ']';
+        check(list[j].toTensor(), i, element.str());
       }
     }
   }
