@@ -29,6 +29,7 @@
 #include "models/weights/component_folder.h"
 #include "tests/checked_device.h"
 #include "tests/test_util.h"
+#include "tests/tiny_pipelines.h"
 
 namespace {
 
@@ -236,24 +237,11 @@ TEST_P(CheckedDevicePipeline, EqualsDiffusers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Pipelines, CheckedDevicePipeline,
-                         ::testing::Values("flux-tiny", "kontext-tiny", "flux2-tiny", "sd3-tiny",
-                                           "sd3-tiny-no-t5", "wan-t2v-tiny", "wan-i2v-tiny",
-                                           "wan22-t2v-tiny", "wan22-i2v-tiny", "hunyuan-video-tiny",
-                                           "hunyuan_video15-tiny", "hunyuan_video15-i2v-tiny"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string n = info.param;
-                           for (char& ch : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           }
-                           return n;
-                         });
+                         ::testing::ValuesIn(xfuser::testing::committed_tiny_pipelines()),
+                         xfuser::testing::pipeline_test_name);
 
 std::string case_test_name(const ::testing::TestParamInfo<Case>& info) {
-  std::string n = info.param.name;
-  for (char& ch : n) {
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  }
-  return n;
+  return xfuser::testing::gtest_name(info.param.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CheckedDevice, ::testing::ValuesIn(component_cases()),

@@ -29,6 +29,7 @@
 #include "backends/device.h"
 #include "models/common/component.h"
 #include "tests/test_util.h"
+#include "tests/tiny_pipelines.h"
 
 namespace {
 
@@ -261,16 +262,7 @@ TEST_P(GpuPipelines, EqualDiffusersOnCuda) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, GpuPipelines,
-                         ::testing::Values("flux-tiny", "kontext-tiny", "flux2-tiny", "sd3-tiny",
-                                           "sd3-tiny-no-t5", "wan-t2v-tiny", "wan-i2v-tiny",
-                                           "wan22-t2v-tiny", "wan22-i2v-tiny", "hunyuan-video-tiny",
-                                           "hunyuan_video15-tiny", "hunyuan_video15-i2v-tiny"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string n = info.param;
-                           for (char& ch : n) {
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           }
-                           return n;
-                         });
+                         ::testing::ValuesIn(xfuser::testing::committed_tiny_pipelines()),
+                         xfuser::testing::pipeline_test_name);
 
 }  // namespace
