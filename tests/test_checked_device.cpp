@@ -91,7 +91,9 @@ std::string error_of(const std::function<void()>& fn) {
   return "";
 }
 
-class CheckedDevice : public ::testing::TestWithParam<Case> {
+// A test over parameters P that runs on the checked device (skipped where libtorch has none).
+template <typename P>
+class OnCheckedDevice : public ::testing::TestWithParam<P> {
  protected:
   void SetUp() override {
     if (!xfuser::testing::checked_device_available()) {
@@ -100,6 +102,8 @@ class CheckedDevice : public ::testing::TestWithParam<Case> {
     xfuser::models::register_builtin_components();
   }
 };
+
+using CheckedDevice = OnCheckedDevice<Case>;
 
 TEST_P(CheckedDevice, ComponentRunsOnItsInputsDevice) {
   const Case& c = GetParam();
@@ -213,15 +217,7 @@ TEST(CheckedDeviceBackend, CatchesACpuTensorAmongDeviceTensors) {
 // Every committed tiny pipeline (all eight contract models) on the checked device against
 // diffusers' final latents and pictures, from the same initial latents: text encoders,
 // transformer, scheduler and VAE, every tensor the pipeline makes.
-class CheckedDevicePipeline : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    if (!xfuser::testing::checked_device_available()) {
-      GTEST_SKIP() << "the checked device needs libtorch >= 2.4";
-    }
-    xfuser::models::register_builtin_components();
-  }
-};
+using CheckedDevicePipeline = OnCheckedDevice<std::string>;
 
 TEST_P(CheckedDevicePipeline, EqualsDiffusers) {
   const int64_t ops = xfuser::testing::checked_device_ops();
