@@ -4,10 +4,14 @@
 # system (packages of priority required or important). scripts/build-offline.sh builds xfuser
 # from that folder on a host with no network and no root (an air-gapped GPU cluster).
 #
-# Usage: scripts/bundle-deps.sh [folder] [--no-ffmpeg] [--no-tests]
+# Usage: scripts/bundle-deps.sh [folder] [--no-ffmpeg] [--no-tests] [--slim]
 #   folder        where the .deb files go (default: bundle)
 #   --no-ffmpeg   leave out FFmpeg (its closure is most of the bundle; MP4 output is then off)
 #   --no-tests    leave out GoogleTest and Google Benchmark
+#   --slim        repack each package without what a build never reads: documentation, manual
+#                 pages, and the static archives of libraries the same package also ships as
+#                 shared objects (ICU's are most of the bundle); archives with no shared twin
+#                 (GoogleTest's) stay. The repacked .deb files are for build-offline.sh, not dpkg -i
 # Runs on a Debian 12 (bookworm) x86-64 machine with network where scripts/install-deps.sh has
 # installed the build's packages; needs no root (apt-get download).
 set -euo pipefail
@@ -15,10 +19,12 @@ cd "$(dirname "$0")/.."
 OUT=bundle
 FFMPEG=1
 TESTS=1
+SLIM=0
 for arg in "$@"; do
   case "$arg" in
     --no-ffmpeg) FFMPEG=0 ;;
     --no-tests) TESTS=0 ;;
+    --slim) SLIM=1 ;;
     -*) echo "bundle-deps.sh: unknown option $arg" >&2; exit 2 ;;
     *) OUT="$arg" ;;
   esac
@@ -68,9 +74,24 @@ done
 
 mkdir -p "$OUT"
 (cd "$OUT" && apt-get download "${wanted[@]}" 2>&1 | grep -v "unsandboxed as root" >&2 || true)
+if ((SLIM)); then
+  # dpkg-deb -R keeps the control files, so the result is still a .deb that dpkg-deb -x (and
+  # build-offline.sh's ar + tar fallback) unpacks; xz at its highest preset packs it smallest.
+  for deb in "$OUT"/*.deb; do
+    tmp=$(mktemp -d)
+    dpkg-deb -R "$deb" "$tmp/pkg"
+    rm -rf "$tmp/pkg/usr/share/doc" "$tmp/pkg/usr/share/man" "$tmp/pkg/usr/share/info"
+    while IFS= read -r archive; do
+      stem=${archive%.a}
+      if compgen -G "$stem.so*" >/dev/null; then rm -f "$archive"; fi
+    done < <(find "$tmp/pkg" -name 'lib*.a')
+    dpkg-deb --root-owner-group -Zxz -z9 -b "$tmp/pkg" "$deb" >/dev/null
+    rm -rf "$tmp"
+  done
+fi
 {
   echo "# xfuser offline dependency bundle: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "# ffmpeg=$FFMPEG tests=$TESTS; $(. /etc/os-release && echo "$PRETTY_NAME") $(dpkg --print-architecture)"
+  echo "# ffmpeg=$FFMPEG tests=$TESTS slim=$SLIM; $(. /etc/os-release && echo "$PRETTY_NAME") $(dpkg --print-architecture)"
   printf '%s\n' "${PKGS[@]}" | sed 's/^/requested: /'
 } >"$OUT/MANIFEST"
 n=$(ls "$OUT"/*.deb | wc -l)
