@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 12's GPU checks in one run, on a machine with a GPU and no network (such as the device
-# machines some sessions are lent): builds xfuser against that machine's PyTorch from an offline
-# bundle, runs the `gpu` tests and the GPU benchmark, and writes every log and result under OUT.
+# The GPU checks in one run, on a machine with a GPU and no network: builds xfuser against that
+# machine's PyTorch from an offline bundle, runs the `gpu` tests and the GPU benchmark, and
+# writes every log and result under OUT.
 #
 # Usage: scripts/gpu-check.sh BUNDLE OUT [PHASES]
-#   BUNDLE   scripts/bundle-deps.sh BUNDLE --no-ffmpeg, made beforehand on a Debian 12 machine
-#            (about 37 MB: small enough to carry)
+#   BUNDLE   scripts/bundle-deps.sh BUNDLE --no-ffmpeg --slim, made beforehand on a Debian 12
+#            machine (22 MB)
 #   OUT      where logs and JSON go (created)
 #   PHASES   comma-separated, in order: build, test, bench (default build,test,bench;
 #            --no-bench = build,test). A device call is limited to 10 minutes: run `build` in one
@@ -20,6 +20,8 @@ OUT=${2:?output folder}
 PHASES=${3:-build,test,bench}
 [[ "$PHASES" == "--no-bench" ]] && PHASES=build,test
 has() { [[ ",$PHASES," == *",$1,"* ]]; }
+# PyTorch's CMake config needs nvcc; GPU images often have the toolkit off the PATH.
+[[ -x /usr/local/cuda/bin/nvcc ]] && export PATH=/usr/local/cuda/bin:$PATH
 PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 SUMMARY=$OUT/summary.txt
@@ -34,7 +36,7 @@ step() {  # step NAME COMMAND...: runs it, logs to OUT/NAME.log, records the sta
   return $rc
 }
 
-has build && step device sh -c "nvidia-smi; $PYTHON -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'; nproc; command -v mpirun || echo 'no system mpirun'"
+has build && step device sh -c "nvidia-smi; c++ --version | head -1; cmake --version | head -1; nvcc --version | tail -2; $PYTHON -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'; nproc; command -v mpirun || echo 'no system mpirun'"
 # What the checks need, not the whole project (a build of everything takes longer than a call).
 TARGETS="xfuser-run xfuser xfuser_spm test_gpu test_two_plane test_nccl test_attention test_device bench_flux_gpu"
 if has build; then
@@ -46,9 +48,10 @@ fi
 source build-gpu/xfuser-env.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if has test; then
-  step ctest-gpu ctest --test-dir build-gpu -L gpu --output-on-failure -V
+  # The short unit checks first, so that they report even if the gpu label runs long.
   step ctest-unit ctest --test-dir build-gpu -R '^(test_nccl|test_attention|test_device)$' \
     --output-on-failure -V
+  step ctest-gpu ctest --test-dir build-gpu -L gpu --output-on-failure -V
   cp build-gpu/Testing/Temporary/LastTest.log "$OUT/LastTest.log" 2>/dev/null
 fi
 if has bench; then

@@ -9,6 +9,10 @@
 //   floor); the run report names the device and the caching allocator's memory;
 // - every committed tiny pipeline (all eight contract models) on cuda in fp32 equals diffusers as
 //   on the CPU (final latents 1e-4 relative, pictures 1 level);
+// - a whole xfuser-run of a tiny model of each image family (FLUX.1, FLUX.2, SD3; embedded and
+//   diffusers-made folders) on cuda equals the same run on the CPU: fp32 final latents within
+//   1e-4 relative, the PNG within 1 level (the video families' pipelines are held to diffusers
+//   on cuda above; their xfuser-run also needs FFmpeg, which a GPU host may lack);
 // - two ranks sharing one GPU over the MPI plane (--comm_backend mpi) equal one rank;
 // - --profile on cuda records GPU activity (kineto's CUDA activities) on a "gpu" track.
 #include <cctype>
@@ -207,6 +211,76 @@ TEST_F(GpuRun, TinyPipelineOnCudaEqualsTheCpu) {
   EXPECT_GE(report["memory"]["device_reserved_bytes"].get<int64_t>(),
             report["memory"]["device_allocated_bytes"].get<int64_t>());
 }
+
+// xfuser-run of one model on cuda and on the CPU, fp32, from the same seed.
+struct RunCase {
+  std::string name;   // the test's name
+  std::string model;  // --model NAME or --model_path FOLDER, and flags of its own
+};
+
+class GpuRunFamilies : public GpuRun, public ::testing::WithParamInterface<RunCase> {
+ protected:
+  // Runs the case on `device` into `out`; returns (final latents, the PNG written).
+  static std::pair<at::Tensor, fs::path> run_on(const std::string& model, const std::string& device,
+                                                const fs::path& out) {
+    fs::create_directories(out);
+    std::string log;
+    const int rc = xfuser::testing::run_command(
+        bin("xfuser-run") + " " + model +
+            " --prompt 'a red cat on a blue sofa' --height 64 --width 64 --num_inference_steps 3"
+            " --seed 11 --dtype fp32 --save_latents --device " +
+            device + " --output_directory " + out.string(),
+        &log);
+    EXPECT_EQ(rc, 0) << log;
+    std::pair<at::Tensor, fs::path> result;
+    for (const auto& entry : fs::directory_iterator(out)) {
+      const std::string name = entry.path().filename().string();
+      if (name.find(".latents.safetensors") != std::string::npos) {
+        result.first = xfuser::testing::read_tensors(entry.path()).at("final_latents");
+      } else if (entry.path().extension() == ".png") {
+        result.second = entry.path();
+      }
+    }
+    return result;
+  }
+};
+
+TEST_P(GpuRunFamilies, XfuserRunOnCudaEqualsTheCpu) {
+  REQUIRE_GPU();
+  xfuser::testing::TempDir dir;
+  const auto [cpu, cpu_png] = run_on(GetParam().model, "cpu", dir / "cpu");
+  const auto [gpu, gpu_png] = run_on(GetParam().model, "cuda", dir / "cuda");
+  ASSERT_TRUE(cpu.defined() && gpu.defined()) << "no latents written";
+  ASSERT_FALSE(cpu_png.empty() || gpu_png.empty()) << "no PNG written";
+  const double err = max_rel_error(gpu, cpu);
+  const int pixels = xfuser::testing::max_pixel_diff(gpu_png, cpu_png);
+  std::printf("%s: cuda vs cpu fp32 final latents %.3g, pixels %d\n", GetParam().name.c_str(), err,
+              pixels);
+  RecordProperty("cuda_fp32_rel", std::to_string(err));
+  EXPECT_LE(err, 1e-4);
+  EXPECT_LE(pixels, 1);
+  const auto report = xfuser::testing::read_json(dir / "cuda" / "timings_rank0.json");
+  EXPECT_EQ(report["device"], "cuda:0");
+}
+
+std::vector<RunCase> run_cases() {
+  const fs::path pipelines = xfuser::testing::fixtures_dir() / "pipelines";
+  return {{"tiny_flux", "--model tiny-flux"},
+          {"tiny_shapes", "--model tiny-shapes"},
+          {"tiny_flux2", "--model tiny-flux2"},
+          {"tiny_sd3", "--model tiny-sd3"},
+          {"flux_folder", "--model_path " + (pipelines / "flux-tiny").string() +
+                              " --max_sequence_length 32"},
+          {"flux2_folder", "--model_path " + (pipelines / "flux2-tiny").string() +
+                               " --max_sequence_length 32"},
+          {"sd3_folder", "--model_path " + (pipelines / "sd3-tiny").string() +
+                             " --max_sequence_length 32"}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GpuRunFamilies, ::testing::ValuesIn(run_cases()),
+                         [](const ::testing::TestParamInfo<RunCase>& info) {
+                           return info.param.name;
+                         });
 
 TEST_F(GpuRun, TwoRanksSharingOneGpuOverMpiEqualOne) {
   REQUIRE_GPU();
