@@ -1,6 +1,10 @@
 #include "backends/device.h"
 
+#include <dlfcn.h>
+
+#include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -57,6 +61,35 @@ c10::Device resolve_device(const std::string& requested, int local_rank, const D
            "CUDA_VISIBLE_DEVICES=",
            probe.cuda_visible_devices, "); run with --device cpu (or auto)");
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % probe.visible_gpus));
+}
+
+namespace {
+
+// The file a code address belongs to ("" if the dynamic linker cannot tell).
+std::string object_of(const void* address) {
+  Dl_info info{};
+  if (dladdr(address, &info) == 0 || info.dli_fname == nullptr) return "";
+  return info.dli_fname;
+}
+
+}  // namespace
+
+std::string std_filesystem_provider() {
+  using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&, std::error_code&);
+  const RemoveAll remove_all = &std::filesystem::remove_all;
+  return object_of(reinterpret_cast<const void*>(remove_all));
+}
+
+void check_cxx_runtime() {
+  const std::string provider = std_filesystem_provider();
+  if (provider.empty() || provider.find("libstdc++") != std::string::npos) return;
+  // This program's own code (xfuser's libraries are linked in statically).
+  if (provider == object_of(reinterpret_cast<const void*>(&check_cxx_runtime))) return;
+  XF_THROW("std::filesystem resolves into ", provider,
+           " instead of libstdc++: that library exports its own copy (some PyTorch wheels "
+           "do), which crashes when xfuser calls it. Relink with libstdc++.so.6 ahead of "
+           "libtorch (xfuser's CMake build does: reconfigure in an empty build folder), or run "
+           "with LD_PRELOAD set to the libstdc++.so.6 that libtorch loads (ldd libtorch.so)");
 }
 
 c10::Device select_device(const std::string& requested) {

@@ -28,6 +28,16 @@ struct DeviceProbe {
 
 DeviceProbe probe_devices();
 
+// The library that serves this process's std::filesystem calls: libstdc++ (or this program,
+// when it carries its own copy) as it should, or another one. Some PyTorch wheels export a copy
+// of libstdc++'s std::filesystem from libtorch.so; where it wins the dynamic linker's lookup,
+// its remove_all jumps to address 0. The build names libstdc++ first to prevent that.
+std::string std_filesystem_provider();
+// Throws an xfuser::Error naming that library when it is not libstdc++ or this program, with
+// the remedy, so that a binary linked in a way the build did not foresee stops with a message
+// rather than a crash. xfuser-run and xfuser call it first.
+void check_cxx_runtime();
+
 // The launcher's node-local rank (0 without a launcher); a malformed value is an error naming
 // the variable.
 int local_rank_from_env();

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "backends/device.h"
 #include "backends/error.h"
 #include "backends/logging.h"
 #include "parallel/mpi_env.h"
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   xfuser::runner::tool::register_commands(app);
   try {
+    xfuser::backends::check_cxx_runtime();  // a clear error, not a crash, on a mislinked binary
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

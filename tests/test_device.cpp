@@ -4,7 +4,6 @@
 // exits non-zero on every rank naming the reason, without hanging (one rank and mpirun -np 2).
 // Also: the binaries take std::filesystem from libstdc++ even where the libtorch exports copies
 // of its own (PyTorch 2.11's wheel does; its remove_all crashed xfuser-run).
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -36,22 +35,19 @@ std::string error_of(const std::function<void()>& fn) {
 }
 
 // libtorch.so of some PyTorch wheels defines std::filesystem functions (a statically linked
-// copy, exported). The build puts libstdc++ first among each binary's libraries so that the
-// dynamic linker binds xfuser's calls to libstdc++'s; here, the function this binary calls is
-// libstdc++'s, and it works.
+// copy, exported). The build puts the shared libstdc++ first among each binary's libraries so
+// that xfuser's calls bind to libstdc++'s: here, the function this binary calls is libstdc++'s,
+// it works, and check_cxx_runtime() (xfuser-run's and xfuser's first step) agrees.
 TEST(Toolchain, StdFilesystemComesFromLibstdcxx) {
-  using RemoveAll = std::uintmax_t (*)(const fs::path&, std::error_code&);
-  const RemoveAll remove_all = &fs::remove_all;
-  Dl_info info{};
-  ASSERT_NE(dladdr(reinterpret_cast<void*>(remove_all), &info), 0);
-  ASSERT_NE(info.dli_fname, nullptr);
-  EXPECT_NE(std::string(info.dli_fname).find("libstdc++"), std::string::npos)
-      << "std::filesystem::remove_all resolves into " << info.dli_fname;
+  const std::string provider = xfuser::backends::std_filesystem_provider();
+  EXPECT_NE(provider.find("libstdc++"), std::string::npos)
+      << "std::filesystem::remove_all resolves into " << provider;
+  EXPECT_NO_THROW(xfuser::backends::check_cxx_runtime());
   xfuser::testing::TempDir dir;
   fs::create_directories(dir / "a" / "b");
   std::ofstream(dir / "a" / "b" / "f") << "x";
   std::error_code ec;
-  EXPECT_EQ(remove_all(dir / "a", ec), 3u) << ec.message();
+  EXPECT_EQ(fs::remove_all(dir / "a", ec), 3u) << ec.message();
   EXPECT_FALSE(fs::exists(dir / "a"));
 }
 
