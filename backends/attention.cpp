@@ -275,17 +275,14 @@ bool takes(AttentionKernel kernel, const FusedCall& c) { return why_not(kernel, 
 
 // [B, H, Sq, Dv] output and the kernel's log-sum-exp -> the contract's [B, Sq, H, Dv] and float32
 // [B, H, Sq]; with a mask or bias, a query whose keys are all masked gets out 0 and lse -inf
-// (the contract), whatever the kernel left there.
+// (clear_fully_masked_rows).
 AttentionOutput finish(const at::Tensor& out_bhsd, at::Tensor lse, const FusedCall& c) {
   if (lse.dim() == 4) lse = lse.select(3, 0);                // cuDNN: [B, H, Sq, 1]
   lse = lse.narrow(2, 0, c.sq).to(at::kFloat).contiguous();  // padded to 32 in some versions
   at::Tensor out = out_bhsd.transpose(1, 2);                 // [B, Sq, H, Dv]
-  if (c.attn_bias) {
-    at::Tensor empty = lse.isnan().logical_or_(lse.isneginf());  // [B, H, Sq]
-    lse.masked_fill_(empty, -std::numeric_limits<double>::infinity());
-    out = out.masked_fill(empty.transpose(1, 2).unsqueeze(-1), 0.0);
-  }
-  return {out, lse};
+  AttentionOutput result{out, lse};
+  if (c.attn_bias) clear_fully_masked_rows(result);
+  return result;
 }
 
 AttentionOutput run_fused(AttentionKernel kernel, const FusedCall& c) {
@@ -482,6 +479,12 @@ std::map<std::string, int64_t> attention_kernel_calls() {
 
 void reset_attention_kernel_calls() {
   for (auto& n : g_calls) n.store(0, std::memory_order_relaxed);
+}
+
+void clear_fully_masked_rows(AttentionOutput& result) {
+  const at::Tensor empty = at::isfinite(result.lse).logical_not_();  // [B, H, Sq]
+  result.lse = result.lse.masked_fill(empty, -std::numeric_limits<double>::infinity());
+  result.out = result.out.masked_fill(empty.transpose(1, 2).unsqueeze(-1), 0.0);
 }
 
 AttentionOutput attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

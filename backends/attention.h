@@ -99,6 +99,13 @@ struct AttentionOutput {
 AttentionOutput attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const AttentionOptions& opts = {});
 
+// The contract for rows whose keys are all masked, applied to a fused kernel's result of a call
+// with a mask or bias: out 0 and lse -inf, whatever the kernel left there. Every non-finite lse
+// marks such a row: PyTorch's flash and cuDNN kernels leave -inf or NaN, the memory-efficient
+// kernel +inf (finite scores always give a finite lse). `out` is [B, Sq, H, Dv], `lse` float32
+// [B, H, Sq]; both are replaced.
+void clear_fully_masked_rows(AttentionOutput& result);
+
 // Exactly combines two attention results of the same queries over disjoint key sets:
 //   lse = log(exp(lse_a) + exp(lse_b)),  out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b,
 // computed in float32. A side with lse = -inf contributes nothing; both -inf gives out 0 and

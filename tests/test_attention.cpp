@@ -346,6 +346,33 @@ TEST(Attention, MinusInfinityBiasRowIsEmpty) {
   expect_lse_equal(got.lse, want.lse, 1e-5);
 }
 
+// The fused kernels mark a row whose keys are all masked each in their own way: flash and cuDNN
+// with -inf or NaN, memory-efficient with +inf (seen on an H100 with PyTorch 2.11). Every one
+// becomes the contract's out 0 and lse -inf; finite rows are untouched.
+TEST(Attention, FullyMaskedRowsOfAnyFusedKernelBecomeZeroAndMinusInf) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const int64_t b = 1, sq = 4, h = 2, d = 3;
+  AttentionOutput r;
+  r.out = at::randn({b, sq, h, d});
+  r.lse = at::randn({b, h, sq});
+  r.lse.index_put_({0, 0, 1}, inf);                                       // memory-efficient
+  r.lse.index_put_({0, 1, 1}, -inf);                                      // flash
+  r.lse.index_put_({0, 1, 2}, std::numeric_limits<double>::quiet_NaN());  // cuDNN
+  const at::Tensor out0 = r.out.clone(), lse0 = r.lse.clone();
+  xfuser::backends::clear_fully_masked_rows(r);
+  at::Tensor empty = at::zeros({b, h, sq}, at::kBool);
+  empty.index_put_({0, 0, 1}, true);
+  empty.index_put_({0, 1, 1}, true);
+  empty.index_put_({0, 1, 2}, true);
+  EXPECT_TRUE(at::equal(r.lse.isneginf(), empty));
+  EXPECT_TRUE(
+      at::equal(r.lse.masked_select(empty.logical_not()), lse0.masked_select(empty.logical_not())));
+  const at::Tensor empty_out = empty.transpose(1, 2).unsqueeze(-1).expand({b, sq, h, d});
+  EXPECT_EQ(r.out.masked_select(empty_out).abs().max().item<double>(), 0.0);
+  EXPECT_TRUE(at::equal(r.out.masked_select(empty_out.logical_not()),
+                        out0.masked_select(empty_out.logical_not())));
+}
+
 TEST(Attention, BiasErrorsNameTheBias) {
   auto q = at::randn({1, 3, 2, 4});
   AttentionOptions opts;
