@@ -269,12 +269,12 @@ std::vector<RunCase> run_cases() {
           {"tiny_shapes", "--model tiny-shapes"},
           {"tiny_flux2", "--model tiny-flux2"},
           {"tiny_sd3", "--model tiny-sd3"},
-          {"flux_folder", "--model_path " + (pipelines / "flux-tiny").string() +
-                              " --max_sequence_length 32"},
-          {"flux2_folder", "--model_path " + (pipelines / "flux2-tiny").string() +
-                               " --max_sequence_length 32"},
-          {"sd3_folder", "--model_path " + (pipelines / "sd3-tiny").string() +
-                             " --max_sequence_length 32"}};
+          {"flux_folder",
+           "--model_path " + (pipelines / "flux-tiny").string() + " --max_sequence_length 32"},
+          {"flux2_folder",
+           "--model_path " + (pipelines / "flux2-tiny").string() + " --max_sequence_length 32"},
+          {"sd3_folder",
+           "--model_path " + (pipelines / "sd3-tiny").string() + " --max_sequence_length 32"}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GpuRunFamilies, ::testing::ValuesIn(run_cases()),
