@@ -413,6 +413,58 @@ TEST(LlamaEncoderConfigTest, DefaultsAndErrors) {
   EXPECT_NE(msg.find("attention_bias"), std::string::npos) << msg;
 }
 
+// transformers 5 writes the rotary settings in one rope_parameters object (no top-level rope_theta
+// or rope_scaling); both layouts give the same config, and an unknown or conflicting one is an
+// error naming the key.
+TEST(LlamaEncoderConfigTest, RopeParametersOfTransformers5) {
+  const nlohmann::json llama3 = {{"factor", 8.0},
+                                 {"low_freq_factor", 1.0},
+                                 {"high_freq_factor", 4.0},
+                                 {"original_max_position_embeddings", 32}};
+  auto v4 = tiny_llama_config();
+  v4["rope_theta"] = 500000.0;
+  v4["rope_scaling"] = llama3;
+  v4["rope_scaling"]["rope_type"] = "llama3";
+  auto v5 = tiny_llama_config();
+  v5.erase("rope_theta");
+  v5["rope_parameters"] = llama3;
+  v5["rope_parameters"]["rope_type"] = "llama3";
+  v5["rope_parameters"]["rope_theta"] = 500000.0;
+  const auto a = LlamaEncoderConfig::from_json(v4, "x", "LlamaModel");
+  const auto b = LlamaEncoderConfig::from_json(v5, "x", "LlamaModel");
+  EXPECT_EQ(b.rope_theta, 500000.0);
+  EXPECT_EQ(b.rope_type, LlamaEncoderConfig::RopeType::kLlama3);
+  EXPECT_EQ(b.rope_factor, 8.0);
+  EXPECT_TRUE(at::equal(xfuser::models::text_encoders::llama_rope_inv_freq(a),
+                        xfuser::models::text_encoders::llama_rope_inv_freq(b)));
+  // The default rope of a transformers 5 Mistral (FLUX.2's text_config): its theta is read.
+  auto m = tiny_llama_config();
+  m.erase("rope_theta");
+  m["rope_parameters"] = {{"rope_theta", 1e9}, {"rope_type", "default"}};
+  EXPECT_EQ(LlamaEncoderConfig::from_json(m, "x", "MistralModel").rope_theta, 1e9);
+  // Qwen2.5-VL's text model: theta and the mrope section come from rope_parameters.
+  auto q = tiny_llama_config();
+  q.erase("rope_theta");
+  q["model_type"] = "qwen2_5_vl_text";
+  q["rope_parameters"] = {
+      {"rope_theta", 5000.0}, {"rope_type", "default"}, {"mrope_section", {1, 1, 0}}};
+  EXPECT_EQ(LlamaEncoderConfig::from_json(q, "x", "Qwen2_5_VLTextModel").rope_theta, 5000.0);
+  q["rope_parameters"]["mrope_section"] = {1, 1, 1};
+  const std::string qmsg = config_error(q, "Qwen2_5_VLTextModel");
+  EXPECT_NE(qmsg.find("\"rope_parameters\": mrope_section"), std::string::npos) << qmsg;
+  // Errors name rope_parameters.
+  for (const auto& [patch, want] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"rope_parameters", {{"rope_type", "yarn"}}}},
+            "te/config.json \"rope_parameters\": rope_type 'yarn'"},
+           {{{"rope_theta", 10000.0}}, "rope_parameters.rope_theta"},
+           {{{"rope_parameters", 3}}, "\"rope_parameters\" must be an object"}}) {
+    auto bad = v5;
+    bad.merge_patch(patch);
+    const std::string msg = config_error(bad, "LlamaModel");
+    EXPECT_NE(msg.find(want), std::string::npos) << patch.dump() << ": " << msg;
+  }
+}
+
 // ---- input errors -------------------------------------------------------------------------------
 
 std::string call_error(Component& model, const TensorMap& inputs) {

@@ -43,6 +43,43 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 namespace {
 
+// The rotary settings of a language-model config, in either layout: transformers < 5 writes
+// `rope_theta` and `rope_scaling` (null, or an object with "rope_type" / "type" and the scaling's
+// fields) at the top level; transformers 5 writes one `rope_parameters` object that holds
+// rope_theta, rope_type and the same fields. Both at once must agree on theta and hold no
+// second scaling; a rope_parameters that is not an object is an error naming the key.
+struct RopeSettings {
+  double theta = 0.0;
+  nlohmann::json scaling;  // null, or the object carrying rope_type and its fields
+  std::string where;       // the key it came from, for errors
+};
+
+RopeSettings read_rope(const nlohmann::json& j, double default_theta, const std::string& path) {
+  RopeSettings r;
+  const auto params = j.find("rope_parameters");
+  if (params == j.end() || params->is_null()) {
+    r.theta = cfg<double>(j, "rope_theta", default_theta, path);
+    if (const auto it = j.find("rope_scaling"); it != j.end()) r.scaling = *it;
+    r.where = path + " \"rope_scaling\"";
+    return r;
+  }
+  r.where = path + " \"rope_parameters\"";
+  XF_CHECK(params->is_object(), "config ", r.where, " must be an object or null, got ",
+           params->dump());
+  r.theta = cfg<double>(*params, "rope_theta", default_theta, r.where);
+  if (const auto top = j.find("rope_theta"); top != j.end() && !top->is_null()) {
+    const double t = cfg<double>(j, "rope_theta", r.theta, path);
+    XF_CHECK(t == r.theta, "config ", path, ": rope_theta ", t, " and rope_parameters.rope_theta ",
+             r.theta, " differ");
+  }
+  if (const auto top = j.find("rope_scaling"); top != j.end() && !top->is_null()) {
+    XF_CHECK(*top == *params, "config ", path,
+             ": both rope_scaling and rope_parameters are given and they differ; keep one");
+  }
+  r.scaling = *params;
+  return r;
+}
+
 // Qwen2_5_VLTextConfig (transformers 4.57.1) of a Qwen2_5_VLTextModel folder, or the text part of
 // a Qwen2_5_VLForConditionalGeneration one: its "text_config", or (the original Qwen2.5-VL
 // checkpoints' config.json) the top-level keys.
@@ -80,7 +117,8 @@ LlamaEncoderConfig qwen2_5_vl_from_json(const nlohmann::json& top, const std::st
   c.hidden_act = hidden_act_from_name(cfg<std::string>(j, "hidden_act", "silu", path),
                                       path + " \"hidden_act\"");
   c.rms_norm_eps = cfg<double>(j, "rms_norm_eps", 1e-5, path);
-  c.rope_theta = cfg<double>(j, "rope_theta", 1000000.0, path);
+  const RopeSettings rope = read_rope(j, 1000000.0, path);
+  c.rope_theta = rope.theta;
   c.max_position_embeddings = cfg<int64_t>(j, "max_position_embeddings", 32768, path);
   XF_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
                c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.num_hidden_layers >= 1,
@@ -111,11 +149,12 @@ LlamaEncoderConfig qwen2_5_vl_from_json(const nlohmann::json& top, const std::st
                "; only \"full_attention\" layers are supported");
     }
   }
-  // rope_scaling: null, or {"type" / "rope_type": "mrope" | "default", "mrope_section": [...]}.
-  // For text the three position rows of the multimodal RoPE are equal (Qwen2_5_VLTextModel
-  // expands cache_position to 3 rows), so every section takes the same angles: Qwen2's 1-D RoPE.
-  if (const auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-    const std::string where = path + " \"rope_scaling\"";
+  // rope_scaling / rope_parameters: null, or {"type" / "rope_type": "mrope" | "default",
+  // "mrope_section": [...]}. For text the three position rows of the multimodal RoPE are equal
+  // (Qwen2_5_VLTextModel expands cache_position to 3 rows), so every section takes the same
+  // angles: Qwen2's 1-D RoPE.
+  if (const nlohmann::json* it = &rope.scaling; !it->is_null()) {
+    const std::string& where = rope.where;
     XF_CHECK(it->is_object(), "config ", where, " must be an object or null, got ", it->dump());
     std::string type = cfg<std::string>(*it, "type", "default", where);
     type = cfg<std::string>(*it, "rope_type", type, where);
@@ -192,7 +231,8 @@ LlamaEncoderConfig LlamaEncoderConfig::from_json(const nlohmann::json& j, const 
   c.hidden_act = hidden_act_from_name(cfg<std::string>(j, "hidden_act", "silu", path),
                                       path + " \"hidden_act\"");
   c.rms_norm_eps = cfg<double>(j, "rms_norm_eps", 1e-6, path);
-  c.rope_theta = cfg<double>(j, "rope_theta", 10000.0, path);
+  const RopeSettings rope = read_rope(j, 10000.0, path);
+  c.rope_theta = rope.theta;
   c.max_position_embeddings =
       cfg<int64_t>(j, "max_position_embeddings", mistral ? 4096 * 32 : 2048, path);
 
@@ -244,11 +284,10 @@ LlamaEncoderConfig LlamaEncoderConfig::from_json(const nlohmann::json& j, const 
   XF_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, "config ", path,
            ": head_dim must be positive and even for RoPE, got ", c.head_dim);
 
-  // rope_scaling: null, default, or llama3.
-  auto it = j.find("rope_scaling");
-  if (it != j.end() && !it->is_null()) {
-    const auto& rs = *it;
-    const std::string where = path + " \"rope_scaling\"";
+  // rope_scaling / rope_parameters: null, default, or llama3.
+  if (!rope.scaling.is_null()) {
+    const auto& rs = rope.scaling;
+    const std::string& where = rope.where;
     XF_CHECK(rs.is_object(), "config ", where, " must be an object or null, got ", rs.dump());
     std::string type = cfg<std::string>(rs, "type", "", where);  // legacy key
     type = cfg<std::string>(rs, "rope_type", type, where);
