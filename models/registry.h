@@ -104,6 +104,13 @@ struct ModelSpec {
   std::function<std::pair<int, int>(const std::filesystem::path& pipeline_dir, int64_t height,
                                     int64_t width)>
       size_from_picture;
+  // Defaults the pipeline folder sets, applied over `defaults` before the flags, which still
+  // win (HunyuanVideo-1.5: its guider's guidance_scale, which diffusers' pipeline uses). Null:
+  // none.
+  std::function<void(const std::filesystem::path& pipeline_dir, ModelDefaults& defaults)>
+      folder_defaults;
+  // What folder_defaults sets, in words, for `xfuser models` and docs/models.md.
+  std::string folder_defaults_note;
 };
 
 // A tiny pipeline layout `xfuser make-tiny --arch NAME` writes (seeded random weights).

@@ -260,7 +260,8 @@ ResolvedArgs Runner::preprocess_args() const {
            "--negative_prompt: give one, or one per --prompt (", c.prompt.size(), "), got ",
            c.negative_prompt.size());
 
-  const auto& d = spec.defaults;
+  models::ModelDefaults d = spec.defaults;
+  if (spec.folder_defaults) spec.folder_defaults(resolve_model_dir(args), d);
   // The pictures, read once (errors name the file).
   std::vector<at::Tensor> pictures;
   for (const auto& file : c.input_images) pictures.push_back(read_image(file));

@@ -2,7 +2,8 @@
 // diffusers' HunyuanVideo15(ImageToVideo)Pipeline expects, the Qwen2 and ByT5 tokenizers through
 // our loaders, determinism in the seed (byte-identical folders), `xfuser make-tiny` + xfuser-run
 // --model_path on both folders (the MP4's frames and size), and the embedded tiny-hunyuan-video15
-// at its defaults.
+// at its defaults; the guidance scale defaults to the folder's guider (as diffusers' pipeline,
+// which takes no other), and --guidance_scale still wins.
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -148,6 +149,33 @@ TEST(TinyHunyuanVideo15, MakeTinyFoldersAndTheEmbeddedModelRun) {
   EXPECT_EQ(info.height, 32);
   EXPECT_EQ(info.width, 48);
   EXPECT_TRUE(fs::is_directory(dir / "cache" / "tiny-hunyuan-video15-v1-seed0" / "transformer"));
+}
+
+// diffusers' HunyuanVideo15Pipeline guides with its folder's guider_config.json alone; xfuser
+// takes that scale as the default, and an explicit --guidance_scale over it.
+TEST(TinyHunyuanVideo15, GuidanceDefaultsToTheFoldersGuider) {
+  TempDir dir("xfuser-tiny-hv15-guider");
+  std::string log;
+  const fs::path folder = dir / "pipe";
+  ASSERT_EQ(run_command(kTool + " make-tiny --arch hunyuan-video15 --out " + folder.string(), &log),
+            0)
+      << log;
+  const fs::path guider = folder / "guider" / "guider_config.json";
+  nlohmann::json g = read_json(guider);
+  g["guidance_scale"] = 5.5;
+  std::ofstream(guider) << g.dump(2);
+  const auto run = [&](const std::string& name, const std::string& flags) {
+    EXPECT_EQ(run_command(kRun + " --model_path " + folder.string() +
+                              " --prompt 'a red car' --height 32 --width 48 --num_frames 5"
+                              " --num_inference_steps 1 --output_directory " +
+                              (dir / name).string() + flags,
+                          &log),
+              0)
+        << log;
+    return read_json(dir / name / "timings_rank0.json")["config"]["guidance_scale"].get<double>();
+  };
+  EXPECT_EQ(run("folder", ""), 5.5);
+  EXPECT_EQ(run("flag", " --guidance_scale 3"), 3.0);
 }
 
 }  // namespace

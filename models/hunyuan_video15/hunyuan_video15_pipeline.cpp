@@ -508,9 +508,15 @@ std::vector<ModelSpec> model_specs() {
                 "hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v"};
   hv.hf_repo = "hunyuanvideo-community/HunyuanVideo-1.5-720p_t2v";
   hv.task = Task::kTextToVideo;
-  // The contract: 720x1280, 121 frames, 50 steps, 24 fps; guidance 6 and the pipeline's 1000
-  // Qwen tokens.
+  // The contract: 720x1280, 121 frames, 50 steps, 24 fps; the pipeline's 1000 Qwen tokens. The
+  // guidance scale is the folder's guider's (diffusers' pipeline takes no other); 6 only where
+  // a folder has no guider config.
   hv.defaults = {720, 1280, 50, 6.0, 1000, 121, 24, 0.0};
+  hv.folder_defaults = [](const fs::path& dir, ModelDefaults& d) {
+    const fs::path guider = dir / "guider" / "guider_config.json";
+    if (fs::exists(guider)) d.guidance_scale = GuiderConfig::from_file(guider).guidance_scale;
+  };
+  hv.folder_defaults_note = "guidance: the folder's guider/guider_config.json where it has one";
   hv.options = {"--negative_prompt", "--guidance_scale", "--max_sequence_length", "--enable_tiling",
                 "--enable_slicing",  "--num_frames",     "--flow_shift",          "--fps"};
   hv.parallelism.ulysses = true;

@@ -67,7 +67,8 @@ std::string models_doc() {
     os << "- weights: " << weights << "\n";
     os << "- defaults: " << s.defaults.width << "x" << s.defaults.height << ", "
        << s.defaults.num_inference_steps << " steps, guidance " << s.defaults.guidance_scale
-       << ", max_sequence_length " << s.defaults.max_sequence_length << video_defaults(s) << "\n";
+       << ", max_sequence_length " << s.defaults.max_sequence_length << video_defaults(s)
+       << (s.folder_defaults_note.empty() ? "" : "; " + s.folder_defaults_note) << "\n";
     const auto par = parallelism_names(s.parallelism);
     os << "- parallelism: " << (par.empty() ? std::string("single rank") : join(par, ", ")) << "\n";
     std::vector<std::string> options(s.options.begin(), s.options.end());
@@ -113,7 +114,8 @@ std::string models_listing(const std::string& format) {
     std::ostringstream d;
     d << s.defaults.width << "x" << s.defaults.height << ", " << s.defaults.num_inference_steps
       << " steps, guidance " << s.defaults.guidance_scale << ", text "
-      << s.defaults.max_sequence_length << video_defaults(s);
+      << s.defaults.max_sequence_length << video_defaults(s)
+      << (s.folder_defaults_note.empty() ? "" : "; " + s.folder_defaults_note);
     auto par = parallelism_names(s.parallelism);
     rows.push_back({s.id, join(s.aliases, ", "), models::to_string(s.task), d.str(),
                     par.empty() ? "single rank" : join(par, ", "), s.maturity});
