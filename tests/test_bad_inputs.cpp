@@ -136,7 +136,7 @@ std::vector<Case> cases() {
       flags("ZeroIterations", kRun + "--num_iterations 0",
             {"--num_iterations must be >= 1 (got 0)"}),
       flags("NotYetSupportedFlag", kRun + "--use_fsdp", {"--use_fsdp is not supported yet"}),
-      // ---- absurd values: refused with the limit (issue 14 items 3, 5, 6) ----
+      // ---- absurd values: refused with the limit ----
       flags("AbsurdStepCount", kRun + "--num_inference_steps 2147483647",
             {"--num_inference_steps must be at most 10000 (got 2147483647)"}),
       flags("AbsurdTrueCfgScale", kRun + "--negative_prompt y --true_cfg_scale 1e30",
@@ -243,7 +243,7 @@ std::vector<Case> cases() {
       pipeline("MissingModelIndex", [](const fs::path& p) { fs::remove(p / "model_index.json"); },
                {"has no model_index.json"}),
 
-      // ---- non-finite results (issue 14 item 4) ----
+      // ---- non-finite results ----
       pipeline("NanWeights",
                [](const fs::path& p) {
                  rewrite_tensors(p / kTransformer, [](auto& t) { t[kQ].fill_(NAN); });
@@ -352,7 +352,7 @@ TEST_P(BadInput, FailsWithANamedErrorAndWritesNothing) {
 INSTANTIATE_TEST_SUITE_P(Cases, BadInput, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
 
-// Issue 14 item 8: a run into a folder another run is writing is refused at once, naming the
+// A run into a folder another run is writing is refused at once, naming the
 // folder (the test holds the folder's lock as a running xfuser-run does).
 TEST(BadInputLockedFolder, ARunIntoAFolderAnotherRunHoldsIsRefused) {
   xfuser::testing::TempDir cache("xfuser-bad-cache"), out;
@@ -371,7 +371,7 @@ TEST(BadInputLockedFolder, ARunIntoAFolderAnotherRunHoldsIsRefused) {
   EXPECT_TRUE(fs::is_empty(out.path()));
 }
 
-// Issue 14 item 12: the first line of a failed multi-rank run is the reason, and Open MPI's
+// The first line of a failed multi-rank run is the reason, and Open MPI's
 // follow-up is announced as its consequence.
 TEST(BadInputErrorOutput, TheFirstLineIsTheReason) {
   xfuser::testing::TempDir cache("xfuser-bad-cache"), out;

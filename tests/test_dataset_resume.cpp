@@ -1,7 +1,7 @@
-// Dataset runs on one rank, small and fast (issue 14): --resume regenerates every image whose
+// Dataset runs on one rank, small and fast: --resume regenerates every image whose
 // recorded parameters differ and never replaces earlier timings with nothing; each image is logged
 // as it is written and progress shows images, rate and time left; flags that change nothing warn;
-// an image does not depend on the batch it was made in (exact guarantee per dtype,
+// An image does not depend on the batch it was made in (exact guarantee per dtype,
 // docs/dataset.md).
 #include <chrono>
 #include <fstream>
@@ -59,7 +59,7 @@ class DatasetResume : public ::testing::Test {
   xfuser::testing::TempDir work_{"xfuser-resume"};
 };
 
-// Issue 14 item 1 (and item 13: images logged as written, progress with rate and time left).
+// Images logged as written, progress with rate and time left.
 TEST_F(DatasetResume, ResumeRegeneratesWhatDiffersAndKeepsEarlierTimings) {
   const std::string out = (work_ / "out").string();
   std::string log;
@@ -127,7 +127,7 @@ TEST_F(DatasetResume, ResumeRegeneratesWhatDiffersAndKeepsEarlierTimings) {
   EXPECT_EQ(nlohmann::json::parse(slurp(fs::path(out) / "timings.json")).size(), 1u);
 }
 
-// Issue 14 item 11: flags that change nothing are accepted with one warning naming the flag.
+// Flags that change nothing are accepted with one warning naming the flag.
 TEST_F(DatasetResume, FlagsThatChangeNothingWarn) {
   std::string log;
   const std::string base = "validate --model tiny-flux --height 32 --width 32 ";
@@ -149,7 +149,7 @@ TEST_F(DatasetResume, FlagsThatChangeNothingWarn) {
   EXPECT_EQ(log.find("has no effect"), std::string::npos) << log;
 }
 
-// Issue 14 item 2: an image does not depend on the batch it was made in, within the bound
+// An image does not depend on the batch it was made in, within the bound
 // docs/dataset.md states per dtype. fp32: equal to the one-prompt-per-batch image within 1/255 on
 // at most 0.1% of the values (GEMM blocking over the batch's rows may round one value the other
 // way); bf16: within bf16's own noise, at most 1.5x the difference between the bf16 and fp32

@@ -231,7 +231,7 @@ TEST(DatasetRun, BatchedOverDataParallelEqualsSingleRunsAndResumes) {
   for (const auto& t : timings) EXPECT_GT(t.get<double>(), 0.0);
 
   // Everything complete: a second --resume generates nothing, still succeeds, and keeps the
-  // timings of the run that did the work (issue 14 item 1).
+  // timings of the run that did the work.
   const std::string timings_before = slurp(out / "timings.json");
   ASSERT_EQ(run_command("timeout 300 " + dataset_cmd + " --resume", &log), 0) << log;
   EXPECT_NE(log.find("5 of 5 outputs complete"), std::string::npos) << log;

@@ -49,7 +49,7 @@ TEST_F(HubCache, FindsTheRefsMainSnapshotUnderHfHome) {
   EXPECT_EQ(find_in_hub_cache("black-forest-labs/FLUX.1-dev"), want);
 }
 
-// Issue 14 item 9: a refs/main naming a missing snapshot is an error naming the ref and the
+// A refs/main naming a missing snapshot is an error naming the ref and the
 // snapshot; it used to fall back silently to another snapshot.
 TEST_F(HubCache, ARefNamingAMissingSnapshotIsAnErrorNotAFallback) {
   setenv("HF_HOME", (dir_ / "hf").c_str(), 1);

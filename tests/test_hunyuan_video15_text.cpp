@@ -1,4 +1,4 @@
-// HunyuanVideo-1.5's text side (issue 17) against transformers 4.57.1 / diffusers 0.36.0
+// HunyuanVideo-1.5's text side against transformers 4.57.1 / diffusers 0.36.0
 // fixtures (tests/fixtures/generate.py gen_hunyuan_video15_text):
 //   - Qwen2_5_VLTextModel as a LlamaEncoder variant (Q/K/V biases, 1-D RoPE equal to the
 //     multimodal one on text, SDPA's zero rule for left pads), also read from a

@@ -87,7 +87,7 @@ TEST(Outputs, XditFileNames) {
             "tiny-flux_u1r1_tc_True_256x256_12.png");
 }
 
-// Issue 13 item 7: the degrees beyond u/r join the name when they are not 1, so runs of several
+// The degrees beyond u/r join the name when they are not 1, so runs of several
 // layouts share one folder.
 TEST(Outputs, NamesCarryEveryDegreeThatIsNotOne) {
   EXPECT_EQ(output_file_name("tiny-flux", 1, 1, false, 64, 48, 0, "png", {}),
@@ -100,7 +100,7 @@ TEST(Outputs, NamesCarryEveryDegreeThatIsNotOne) {
             "m_u1r2_tp2_pp2_cfg2_dp2_tc_True_16x16_0.png");
 }
 
-// Issue 14 item 7: text that is not ASCII is stored as iTXt (UTF-8), which readers decode as
+// Text that is not ASCII is stored as iTXt (UTF-8), which readers decode as
 // UTF-8; ASCII stays tEXt. Values read back unchanged.
 TEST(Outputs, NonAsciiTextIsStoredAsItxt) {
   const at::Tensor img = at::zeros({2, 2, 3}, at::kByte);
@@ -119,7 +119,7 @@ TEST(Outputs, NonAsciiTextIsStoredAsItxt) {
   EXPECT_EQ(text["seed"], "42");
 }
 
-// Issue 14 item 8: a second run into a folder another run holds is refused at once, naming the
+// A second run into a folder another run holds is refused at once, naming the
 // folder; the lock leaves no file behind and ends with its holder.
 TEST(Outputs, ASecondRunIntoALockedFolderIsRefused) {
   xfuser::testing::TempDir dir;

@@ -117,7 +117,7 @@ TEST(RunConfig, BadValuesNameTheFlag) {
   EXPECT_EQ(validation_error({"--height", "512", "--width", "768"}), "");
 }
 
-// Issue 14 item 5: absurd values are refused with the limit in the message (they used to reach
+// Absurd values are refused with the limit in the message (they used to reach
 // the kernel's OOM killer).
 TEST(RunConfig, AbsurdValuesAreRefusedWithTheLimit) {
   EXPECT_EQ(validation_error({"--num_inference_steps", "2147483647"}),
@@ -136,7 +136,7 @@ TEST(RunConfig, AbsurdValuesAreRefusedWithTheLimit) {
   EXPECT_EQ(validation_error({"--num_inference_steps", "10000", "--true_cfg_scale", "1000"}), "");
 }
 
-// Issue 14 item 6: seeds of 2^63 or more were clamped to 2^63 - 1 and recorded so; now the full
+// Seeds of 2^63 or more were clamped to 2^63 - 1 and recorded so; now the full
 // signed range is accepted and anything outside it is an error naming the range.
 TEST(RunConfig, SeedsOutsideTheSigned64BitRangeAreRejectedNotClamped) {
   EXPECT_EQ(parse({"--seed", "9223372036854775807"}).seed, INT64_MAX);

@@ -166,7 +166,7 @@ double pass_rate(const fs::path& folder, const json& held, int count) {
 // The random-weight model is checked on 48 of the held-out scenes spread over the list; the
 // trained one on all 300.
 constexpr int kScenes = 48;
-// Issue 18's bar. The committed model passes 284 of the 300 held-out scenes in xfuser (94.7%;
+// The bar: 90%. The committed model passes 284 of the 300 held-out scenes in xfuser (94.7%;
 // diffusers 97 of 100), so another libtorch or BLAS has 14 scenes of slack; its failures are
 // small triangles and small shapes of a colour close to the background's
 // (examples/tiny_shapes/README.md).

@@ -317,7 +317,7 @@ TEST_F(CraftedClip, PadsWithThePadTokenOfTheConfig) {
   EXPECT_EQ(e.attention_mask, (Ids{1, 1, 1, 0, 0, 0}));
 }
 
-// Issue 14 item 10: a special token missing from vocab.json is reported by the tokenizer, naming
+// A special token missing from vocab.json is reported by the tokenizer, naming
 // the file and the token (it used to get an id past the vocabulary and fail in the text model).
 TEST_F(CraftedClip, ASpecialTokenMissingFromTheVocabularyIsNamed) {
   TempDir dir("xfuser-clip-missing");
@@ -634,7 +634,7 @@ TEST(TokenizeTool, ReportsErrors) {
                   &log),
       0);
   EXPECT_NE(log.find("JSON array"), std::string::npos) << log;
-  // Issue 14 item 5: an absurd --max-length is refused with the limit (it used to allocate until
+  // An absurd --max-length is refused with the limit (it used to allocate until
   // the OOM killer ended the process).
   write_crafted_clip(tmp.path());
   EXPECT_NE(run_command(xfuser_tool().string() + " tokenize --tokenizer-dir " +

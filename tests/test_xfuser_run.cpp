@@ -450,7 +450,7 @@ TEST_F(XfuserRun, ValidateChecksFlagsMeshAndWeightsWithoutRunning) {
   EXPECT_NE(log.find("layout: ok"), std::string::npos) << log;
   EXPECT_NE(log.find("memory: ok (about "), std::string::npos) << log;
   EXPECT_TRUE(fs::is_empty(out.path()));  // nothing generated or written
-  // Issue 14 item 3: layouts that pass the mesh but not the model fail here as in xfuser-run
+  // Layouts that pass the mesh but not the model fail here as in xfuser-run
   // (the same check, before any weight is read), and absurd guidance is refused.
   for (const auto& [flags, expected] : std::vector<std::pair<std::string, std::string>>{
            {"--use_cfg_parallel --world_size 2", "--use_cfg_parallel needs true CFG"},
