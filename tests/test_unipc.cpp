@@ -290,11 +290,16 @@ TEST(UniPCConfig, UnsupportedSettingsNameTheKey) {
     j[key] = std::move(value);
     return j;
   };
-  for (const char* key :
-       {"thresholding", "use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas"}) {
+  for (const char* key : {"thresholding", "use_karras_sigmas", "use_exponential_sigmas",
+                          "use_beta_sigmas", "use_dynamic_shifting"}) {
     expect_error_containing([&] { UniPCMultistepConfig::from_json(with(key, true)); },
                             {key, "not supported"});
   }
+  expect_error_containing([&] { UniPCMultistepConfig::from_json(with("shift_terminal", 0.1)); },
+                          {"shift_terminal", "not supported"});
+  // diffusers 0.42 writes them null / false when unused: accepted.
+  EXPECT_NO_THROW(UniPCMultistepConfig::from_json(with("shift_terminal", nullptr)));
+  EXPECT_NO_THROW(UniPCMultistepConfig::from_json(with("use_dynamic_shifting", false)));
   expect_error_containing(
       [&] { UniPCMultistepConfig::from_json(with("prediction_type", "x_prediction")); },
       {"prediction_type", "x_prediction"});

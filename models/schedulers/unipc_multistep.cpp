@@ -121,12 +121,14 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
              "' is not one of zero, sigma_min");
   }
 
-  for (const char* key :
-       {"thresholding", "use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas"}) {
+  // Settings that change the schedule and are not built: errors naming the key, never ignored
+  // (use_dynamic_shifting and shift_terminal came with diffusers' flow-matching UniPC).
+  for (const char* key : {"thresholding", "use_karras_sigmas", "use_exponential_sigmas",
+                          "use_beta_sigmas", "use_dynamic_shifting"}) {
     XF_CHECK(!config_value<bool>(json, key, false), "scheduler config: ", key,
              "=true is not supported by ", kClassName, " here");
   }
-  for (const char* key : {"trained_betas", "solver_p"}) {
+  for (const char* key : {"trained_betas", "solver_p", "shift_terminal"}) {
     const auto it = json.find(key);
     XF_CHECK(it == json.end() || it->is_null(), "scheduler config: ", key, " is not supported by ",
              kClassName, " here (must be null)");
