@@ -220,8 +220,11 @@ at::Tensor heads_first(const at::Tensor& x) {
 // The mask and the bias as one additive bias in q's dtype, broadcast to [B, H, Sq, Sk], in the
 // layout the memory-efficient kernel accepts: the key dim padded to a multiple of 16 elements so
 // every row starts aligned (as PyTorch's own SDPA pads it), broadcast dims of stride 0.
+// Also sets *empty_rows to the [B, H, Sq] rows whose every key is masked (-inf), from the folded
+// bias before it is broadcast.
 at::Tensor fused_bias(const at::Tensor& mask, const at::Tensor& bias, int64_t b, int64_t h,
-                      int64_t sq, int64_t sk, const at::TensorOptions& opts) {
+                      int64_t sq, int64_t sk, const at::TensorOptions& opts,
+                      at::Tensor* empty_rows) {
   const int64_t bb = std::max(mask.defined() ? mask.size(0) : 1, bias.defined() ? bias.size(0) : 1);
   const int64_t bh = std::max(mask.defined() ? mask.size(1) : 1, bias.defined() ? bias.size(1) : 1);
   const int64_t bq = std::max(mask.defined() ? mask.size(2) : 1, bias.defined() ? bias.size(2) : 1);
@@ -232,6 +235,7 @@ at::Tensor fused_bias(const at::Tensor& mask, const at::Tensor& bias, int64_t b,
     out.masked_fill_(mask.logical_not().expand({bb, bh, bq, sk}),
                      -std::numeric_limits<double>::infinity());
   }
+  *empty_rows = out.isneginf().all(-1).expand({b, h, sq});
   return out.expand({b, h, sq, sk});
 }
 
@@ -239,6 +243,7 @@ at::Tensor fused_bias(const at::Tensor& mask, const at::Tensor& bias, int64_t b,
 struct FusedCall {
   at::Tensor q, k, v;                   // [B, H, S, D] views
   c10::optional<at::Tensor> attn_bias;  // mask and bias folded (fused_bias), if any
+  at::Tensor empty_rows;                // [B, H, Sq]: rows the folded bias masks whole
   int64_t sq = 0, d = 0, dv = 0;
   double scale = 1.0;
   bool half = false;  // fp16 or bf16
@@ -281,7 +286,7 @@ AttentionOutput finish(const at::Tensor& out_bhsd, at::Tensor lse, const FusedCa
   lse = lse.narrow(2, 0, c.sq).to(at::kFloat).contiguous();  // padded to 32 in some versions
   at::Tensor out = out_bhsd.transpose(1, 2);                 // [B, Sq, H, Dv]
   AttentionOutput result{out, lse};
-  if (c.attn_bias) clear_fully_masked_rows(result);
+  if (c.attn_bias) clear_fully_masked_rows(result, c.empty_rows);
   return result;
 }
 
@@ -346,7 +351,7 @@ AttentionOutput fused_attention(const at::Tensor& q, const at::Tensor& k, const 
   c.k = heads_first(k);
   c.v = heads_first(v);
   if (mask.defined() || bias.defined())
-    c.attn_bias = fused_bias(mask, bias, b, h, sq, sk, q.options());
+    c.attn_bias = fused_bias(mask, bias, b, h, sq, sk, q.options(), &c.empty_rows);
   c.sq = sq;
   c.d = q.size(3);
   c.dv = v.size(3);
@@ -481,8 +486,9 @@ void reset_attention_kernel_calls() {
   for (auto& n : g_calls) n.store(0, std::memory_order_relaxed);
 }
 
-void clear_fully_masked_rows(AttentionOutput& result) {
-  const at::Tensor empty = at::isfinite(result.lse).logical_not_();  // [B, H, Sq]
+void clear_fully_masked_rows(AttentionOutput& result, const at::Tensor& empty_rows) {
+  at::Tensor empty = at::isfinite(result.lse).logical_not_();  // [B, H, Sq]
+  if (empty_rows.defined()) empty = empty.logical_or_(empty_rows);
   result.lse = result.lse.masked_fill(empty, -std::numeric_limits<double>::infinity());
   result.out = result.out.masked_fill(empty.transpose(1, 2).unsqueeze(-1), 0.0);
 }

@@ -100,11 +100,12 @@ AttentionOutput attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const AttentionOptions& opts = {});
 
 // The contract for rows whose keys are all masked, applied to a fused kernel's result of a call
-// with a mask or bias: out 0 and lse -inf, whatever the kernel left there. Every non-finite lse
-// marks such a row: PyTorch's flash and cuDNN kernels leave -inf or NaN, the memory-efficient
-// kernel +inf (finite scores always give a finite lse). `out` is [B, Sq, H, Dv], `lse` float32
-// [B, H, Sq]; both are replaced.
-void clear_fully_masked_rows(AttentionOutput& result);
+// with a mask or bias: out 0 and lse -inf, whatever the kernel left there. Such a row is one
+// `empty_rows` names ([B, H, Sq] bool, from the folded bias: every key -inf; PyTorch's
+// memory-efficient kernel leaves a finite lse and an average of V there, as seen on an H100) or
+// one whose lse is not finite (flash and cuDNN leave -inf or NaN; finite scores always give a
+// finite lse). `out` is [B, Sq, H, Dv], `lse` float32 [B, H, Sq]; both are replaced.
+void clear_fully_masked_rows(AttentionOutput& result, const at::Tensor& empty_rows = {});
 
 // Exactly combines two attention results of the same queries over disjoint key sets:
 //   lse = log(exp(lse_a) + exp(lse_b)),  out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b,

@@ -346,21 +346,24 @@ TEST(Attention, MinusInfinityBiasRowIsEmpty) {
   expect_lse_equal(got.lse, want.lse, 1e-5);
 }
 
-// The fused kernels mark a row whose keys are all masked each in their own way: flash and cuDNN
-// with -inf or NaN, memory-efficient with +inf (seen on an H100 with PyTorch 2.11). Every one
-// becomes the contract's out 0 and lse -inf; finite rows are untouched.
+// The fused kernels leave a row whose keys are all masked each in their own way: flash and cuDNN
+// -inf or NaN, memory-efficient a finite lse (seen on an H100 with PyTorch 2.11), which only the
+// folded bias identifies. Every one becomes the contract's out 0 and lse -inf; other rows are
+// untouched.
 TEST(Attention, FullyMaskedRowsOfAnyFusedKernelBecomeZeroAndMinusInf) {
   const double inf = std::numeric_limits<double>::infinity();
   const int64_t b = 1, sq = 4, h = 2, d = 3;
   AttentionOutput r;
   r.out = at::randn({b, sq, h, d});
   r.lse = at::randn({b, h, sq});
-  r.lse.index_put_({0, 0, 1}, inf);                                       // memory-efficient
+  r.lse.index_put_({0, 0, 1}, inf);                                       // +inf
   r.lse.index_put_({0, 1, 1}, -inf);                                      // flash
   r.lse.index_put_({0, 1, 2}, std::numeric_limits<double>::quiet_NaN());  // cuDNN
   const at::Tensor out0 = r.out.clone(), lse0 = r.lse.clone();
-  xfuser::backends::clear_fully_masked_rows(r);
-  at::Tensor empty = at::zeros({b, h, sq}, at::kBool);
+  at::Tensor from_bias = at::zeros({b, h, sq}, at::kBool);
+  from_bias.index_put_({0, 0, 3}, true);  // memory-efficient: a finite lse, named by the bias
+  xfuser::backends::clear_fully_masked_rows(r, from_bias);
+  at::Tensor empty = from_bias.clone();
   empty.index_put_({0, 0, 1}, true);
   empty.index_put_({0, 1, 1}, true);
   empty.index_put_({0, 1, 2}, true);
