@@ -159,26 +159,41 @@ class GpuRun : public ::testing::Test {
   static std::string bin(const std::string& name) {
     return (xfuser::testing::binary_dir() / "bin" / name).string();
   }
-  // Runs tiny-flux and returns its final latents (float32, CPU); `extra` adds flags.
-  static at::Tensor final_latents(const fs::path& out, const std::string& extra,
-                                  const std::string& prefix = "") {
+  struct Written {
+    at::Tensor latents;  // final latents (float32, CPU)
+    fs::path png;        // the picture, if any
+  };
+  // Runs `prefix xfuser-run args --save_latents --output_directory out` and returns what it wrote.
+  static Written run_xfuser(const std::string& args, const fs::path& out,
+                            const std::string& prefix = "") {
+    fs::create_directories(out);
     std::string log;
-    const int rc = xfuser::testing::run_command(
-        prefix + bin("xfuser-run") +
-            " --model tiny-flux --prompt 'a red cat' --height 64 --width 48 "
-            "--num_inference_steps 4 --max_sequence_length 8 --seed 42 --save_latents "
-            "--output_directory " +
-            out.string() + " " + extra,
-        &log);
+    const int rc =
+        xfuser::testing::run_command(prefix + bin("xfuser-run") + " " + args +
+                                         " --save_latents --output_directory " + out.string(),
+                                     &log);
     EXPECT_EQ(rc, 0) << log;
+    Written w;
     for (const auto& entry : fs::directory_iterator(out)) {
       const std::string name = entry.path().filename().string();
-      if (name.size() > 20 && name.find(".latents.safetensors") != std::string::npos) {
-        return xfuser::testing::read_tensors(entry.path()).at("final_latents");
+      if (name.find(".latents.safetensors") != std::string::npos) {
+        w.latents = xfuser::testing::read_tensors(entry.path()).at("final_latents");
+      } else if (entry.path().extension() == ".png") {
+        w.png = entry.path();
       }
     }
-    ADD_FAILURE() << "no latents written: " << log;
-    return {};
+    if (!w.latents.defined()) ADD_FAILURE() << "no latents written: " << log;
+    return w;
+  }
+  // Runs tiny-flux and returns its final latents; `extra` adds flags.
+  static at::Tensor final_latents(const fs::path& out, const std::string& extra,
+                                  const std::string& prefix = "") {
+    return run_xfuser(
+               "--model tiny-flux --prompt 'a red cat' --height 64 --width 48 "
+               "--num_inference_steps 4 --max_sequence_length 8 --seed 42 " +
+                   extra,
+               out, prefix)
+        .latents;
   }
 };
 
@@ -186,7 +201,6 @@ TEST_F(GpuRun, TinyPipelineOnCudaEqualsTheCpu) {
   REQUIRE_GPU();
   xfuser::testing::TempDir dir;
   const auto run = [&](const std::string& name, const std::string& flags) {
-    fs::create_directories(dir / name);
     return final_latents(dir / name, flags);
   };
   const at::Tensor cpu32 = run("cpu32", "--device cpu --dtype fp32");
@@ -220,28 +234,13 @@ struct RunCase {
 
 class GpuRunFamilies : public GpuRun, public ::testing::WithParamInterface<RunCase> {
  protected:
-  // Runs the case on `device` into `out`; returns (final latents, the PNG written).
-  static std::pair<at::Tensor, fs::path> run_on(const std::string& model, const std::string& device,
-                                                const fs::path& out) {
-    fs::create_directories(out);
-    std::string log;
-    const int rc = xfuser::testing::run_command(
-        bin("xfuser-run") + " " + model +
-            " --prompt 'a red cat on a blue sofa' --height 64 --width 64 --num_inference_steps 3"
-            " --seed 11 --dtype fp32 --save_latents --device " +
-            device + " --output_directory " + out.string(),
-        &log);
-    EXPECT_EQ(rc, 0) << log;
-    std::pair<at::Tensor, fs::path> result;
-    for (const auto& entry : fs::directory_iterator(out)) {
-      const std::string name = entry.path().filename().string();
-      if (name.find(".latents.safetensors") != std::string::npos) {
-        result.first = xfuser::testing::read_tensors(entry.path()).at("final_latents");
-      } else if (entry.path().extension() == ".png") {
-        result.second = entry.path();
-      }
-    }
-    return result;
+  // Runs the case on `device` into `out`.
+  static Written run_on(const std::string& model, const std::string& device, const fs::path& out) {
+    return run_xfuser(model +
+                          " --prompt 'a red cat on a blue sofa' --height 64 --width 64"
+                          " --num_inference_steps 3 --seed 11 --dtype fp32 --device " +
+                          device,
+                      out);
   }
 };
 
@@ -288,8 +287,6 @@ TEST_F(GpuRun, TwoRanksSharingOneGpuOverMpiEqualOne) {
     GTEST_SKIP() << "no mpirun on this host";
   }
   xfuser::testing::TempDir dir;
-  fs::create_directories(dir / "one");
-  fs::create_directories(dir / "two");
   const at::Tensor one = final_latents(dir / "one", "--device cuda --dtype fp32");
   const at::Tensor two =
       final_latents(dir / "two", "--device cuda --dtype fp32 --ulysses_degree 2 --comm_backend mpi",
