@@ -6,7 +6,7 @@ set -euo pipefail
 
 PACKAGES=(
   # toolchain
-  build-essential cmake ninja-build pkg-config git clang-format-14
+  build-essential cmake ninja-build ccache pkg-config git clang-format-14
   # math: libtorch (CPU) and a fast BLAS (without it libtorch uses reference BLAS, ~10x slower)
   libtorch-dev libopenblas0-pthread
   # distributed

@@ -1,6 +1,6 @@
 xfuser_add_test(test_error.cpp)
 xfuser_add_test(test_module.cpp)
-xfuser_add_test(test_nccl.cpp)
+xfuser_add_test(test_nccl.cpp LABELS unit torch2)
 xfuser_add_test(test_run_config.cpp)
 xfuser_add_test(test_outputs.cpp)
 xfuser_add_test(test_hub_cache.cpp)

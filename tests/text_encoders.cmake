@@ -1,1 +1,1 @@
-xfuser_add_test(test_text_encoders.cpp LABELS unit fixture)
+xfuser_add_test(test_text_encoders.cpp LABELS unit fixture torch2)

@@ -9,7 +9,7 @@
 namespace xfuser::models::schedulers {
 namespace {
 
-constexpr const char* kClassName = "FlowMatchEulerDiscreteScheduler";
+constexpr const char* kFlowMatchClassName = "FlowMatchEulerDiscreteScheduler";
 
 // The shift and terminal stretch of set_timesteps, in the arithmetic type numpy uses: float64
 // for the default schedule, float32 (Python scalars rounded to float32) for explicit sigmas.
@@ -49,8 +49,8 @@ std::vector<T> shift_sigmas(std::vector<T> sigmas, const FlowMatchEulerConfig& c
 FlowMatchEulerConfig FlowMatchEulerConfig::from_json(const nlohmann::json& json) {
   XF_CHECK(json.is_object(), "scheduler config must be a JSON object");
   if (auto it = json.find("_class_name"); it != json.end() && it->is_string()) {
-    XF_CHECK(it->get<std::string>() == kClassName, "scheduler config is for ",
-             it->get<std::string>(), ", expected ", kClassName);
+    XF_CHECK(it->get<std::string>() == kFlowMatchClassName, "scheduler config is for ",
+             it->get<std::string>(), ", expected ", kFlowMatchClassName);
   }
   FlowMatchEulerConfig c;
   c.num_train_timesteps = config_value<int64_t>(json, "num_train_timesteps", c.num_train_timesteps);
@@ -67,7 +67,7 @@ FlowMatchEulerConfig FlowMatchEulerConfig::from_json(const nlohmann::json& json)
   }
   for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas"}) {
     XF_CHECK(!config_value<bool>(json, key, false), "scheduler config: ", key,
-             "=true is not supported by ", kClassName, " here");
+             "=true is not supported by ", kFlowMatchClassName, " here");
   }
   const auto type = config_value<std::string>(json, "time_shift_type", "exponential");
   if (type == "exponential") {

@@ -10,7 +10,7 @@
 namespace xfuser::models::schedulers {
 namespace {
 
-constexpr const char* kClassName = "UniPCMultistepScheduler";
+constexpr const char* kUniPCClassName = "UniPCMultistepScheduler";
 
 // numpy's round: half to even (the default floating-point rounding mode).
 double round_half_even(double v) { return std::nearbyint(v); }
@@ -49,8 +49,8 @@ at::Tensor rescale_zero_terminal_snr(const at::Tensor& betas) {
 UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json) {
   XF_CHECK(json.is_object(), "scheduler config must be a JSON object");
   if (auto it = json.find("_class_name"); it != json.end() && it->is_string()) {
-    XF_CHECK(it->get<std::string>() == kClassName, "scheduler config is for ",
-             it->get<std::string>(), ", expected ", kClassName);
+    XF_CHECK(it->get<std::string>() == kUniPCClassName, "scheduler config is for ",
+             it->get<std::string>(), ", expected ", kUniPCClassName);
   }
   UniPCMultistepConfig c;
   c.num_train_timesteps = config_value<int64_t>(json, "num_train_timesteps", c.num_train_timesteps);
@@ -126,12 +126,12 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
   for (const char* key : {"thresholding", "use_karras_sigmas", "use_exponential_sigmas",
                           "use_beta_sigmas", "use_dynamic_shifting"}) {
     XF_CHECK(!config_value<bool>(json, key, false), "scheduler config: ", key,
-             "=true is not supported by ", kClassName, " here");
+             "=true is not supported by ", kUniPCClassName, " here");
   }
   for (const char* key : {"trained_betas", "solver_p", "shift_terminal"}) {
     const auto it = json.find(key);
     XF_CHECK(it == json.end() || it->is_null(), "scheduler config: ", key, " is not supported by ",
-             kClassName, " here (must be null)");
+             kUniPCClassName, " here (must be null)");
   }
   XF_CHECK(c.num_train_timesteps > 1,
            "scheduler config: num_train_timesteps must be at least 2, got ", c.num_train_timesteps);
@@ -174,7 +174,7 @@ UniPCMultistepScheduler::UniPCMultistepScheduler(UniPCMultistepConfig config)
 }
 
 void UniPCMultistepScheduler::set_timesteps(int64_t num_inference_steps) {
-  XF_CONTEXT(kClassName, ".set_timesteps(", num_inference_steps, ")");
+  XF_CONTEXT(kUniPCClassName, ".set_timesteps(", num_inference_steps, ")");
   XF_CHECK(num_inference_steps > 0, "num_inference_steps must be positive, got ",
            num_inference_steps);
   c10::InferenceMode guard;
@@ -420,7 +420,7 @@ at::Tensor UniPCMultistepScheduler::uni_c_update(const at::Tensor& this_model_ou
 
 at::Tensor UniPCMultistepScheduler::step(const at::Tensor& model_output, int64_t timestep,
                                          const at::Tensor& sample) {
-  XF_CONTEXT(kClassName, ".step(timestep ", timestep, ")");
+  XF_CONTEXT(kUniPCClassName, ".step(timestep ", timestep, ")");
   XF_CHECK(num_inference_steps_ > 0, "step() before set_timesteps()");
   XF_CHECK(model_output.defined() && sample.defined(), "step: model_output or sample is undefined");
   XF_CHECK(model_output.sizes() == sample.sizes(), "step: model_output ", model_output.sizes(),
@@ -471,7 +471,7 @@ UniPCMultistepScheduler UniPCMultistepScheduler::narrowed(int64_t dim, int64_t s
     if (!t.defined()) return t;
     XF_CHECK(
         dim >= 0 && dim < t.dim() && start >= 0 && length >= 1 && start + length <= t.size(dim),
-        kClassName, ".narrowed: elements [", start, ", ", start + length, ") of dim ", dim,
+        kUniPCClassName, ".narrowed: elements [", start, ", ", start + length, ") of dim ", dim,
         " are outside the history's ", t.sizes());
     return t.narrow(dim, start, length).clone();
   };
