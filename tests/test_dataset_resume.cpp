@@ -152,9 +152,11 @@ TEST_F(DatasetResume, FlagsThatChangeNothingWarn) {
 // An image does not depend on the batch it was made in, within the bound
 // docs/dataset.md states per dtype. fp32: equal to the one-prompt-per-batch image within 1/255 on
 // at most 0.1% of the values (GEMM blocking over the batch's rows may round one value the other
-// way); bf16: within bf16's own noise, at most 1.5x the difference between the bf16 and fp32
-// images of the same prompt (measured at 32x32: batch 3 vs 1 moves values by up to 23/255, bf16
-// vs fp32 by up to 28/255).
+// way); bf16: within bf16's own noise, at most twice the largest difference between the bf16 and
+// fp32 images of the three prompts. Both are bf16 rounding, and their per-prompt maxima scatter:
+// measured at 32x32 with PyPI's torch 2.15, batch 3 vs 1 moves values by up to 23/255 and bf16 vs
+// fp32 by up to 28/255; with Debian's libtorch 1.13, 11/255 against 7/255 on one prompt. The fp32
+// check is the sharp one: a batch that leaked between prompts would move its images by far more.
 TEST_F(DatasetResume, AnImageDoesNotDependOnItsBatchBeyondItsDtypeNoise) {
   std::map<std::string, std::vector<at::Tensor>> images;  // "dtype/batch" -> images
   for (const std::string dtype : {"fp32", "bf16"}) {
@@ -171,18 +173,22 @@ TEST_F(DatasetResume, AnImageDoesNotDependOnItsBatchBeyondItsDtypeNoise) {
       }
     }
   }
+  int noise = 1;  // the largest bf16 vs fp32 difference of the three prompts
+  for (int i = 0; i < 3; ++i) {
+    noise = std::max(noise, (images["bf16-b1"][i] - images["fp32-b1"][i]).abs().max().item<int>());
+  }
   for (int i = 0; i < 3; ++i) {
     const at::Tensor fp32 = (images["fp32-b3"][i] - images["fp32-b1"][i]).abs();
     const int fp32_max = fp32.max().item<int>();
     const int64_t fp32_count = fp32.gt(0).sum().item<int64_t>();
     const int bf16_max = (images["bf16-b3"][i] - images["bf16-b1"][i]).abs().max().item<int>();
-    const int noise = (images["bf16-b1"][i] - images["fp32-b1"][i]).abs().max().item<int>();
+    const int own = (images["bf16-b1"][i] - images["fp32-b1"][i]).abs().max().item<int>();
     std::printf(
         "prompt %d: batch 3 vs 1: fp32 max %d (%lld values), bf16 max %d; bf16 vs fp32: %d\n", i,
-        fp32_max, static_cast<long long>(fp32_count), bf16_max, noise);
+        fp32_max, static_cast<long long>(fp32_count), bf16_max, own);
     EXPECT_LE(fp32_max, 1) << "prompt " << i;
     EXPECT_LE(fp32_count, std::max<int64_t>(4, fp32.numel() / 1000)) << "prompt " << i;
-    EXPECT_LE(bf16_max, std::max(1, noise * 3 / 2)) << "prompt " << i;
+    EXPECT_LE(bf16_max, 2 * noise) << "prompt " << i;
   }
 }
 
