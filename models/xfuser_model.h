@@ -54,6 +54,9 @@ struct GenerationRequest {
   int num_frames = 0;
   // --flow_shift: the scheduler's flow shift (Wan); unset keeps the pipeline folder's.
   std::optional<double> flow_shift;
+  // --flow_sigmas: "from_one" or "reference" (UniPC, Wan); unset: by the folder's diffusers
+  // version.
+  std::optional<std::string> flow_sigmas;
   // --guidance_scale_2: the guidance of Wan2.2's low-noise expert; unset: guidance_scale.
   std::optional<double> guidance_scale_2;
   // --input_images, decoded: uint8 [H, W, 3] each (image-to-video, image editing).

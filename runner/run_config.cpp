@@ -80,6 +80,11 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_option("--flow_shift", c.flow_shift,
                  "Flow-matching timestep shift (model default, else the scheduler folder's)")
       ->group(kIn);
+  app.add_option("--flow_sigmas", c.flow_sigmas,
+                 "UniPC flow sigmas (Wan): from_one (diffusers >= 0.42) or reference (Wan's own "
+                 "code, diffusers <= 0.41); default: by the scheduler folder's _diffusers_version")
+      ->check(CLI::IsMember({"from_one", "reference"}))
+      ->group(kIn);
   app.add_option("--guidance_scale_2", c.guidance_scale_2,
                  "Guidance scale of the low-noise expert (Wan2.2; default: --guidance_scale)")
       ->group(kIn);

@@ -41,8 +41,11 @@ struct RunConfig {
   std::optional<int> height;
   std::optional<int> width;
   std::optional<int> num_frames;
-  std::optional<int> fps;                  // video models: the MP4's frame rate (model default)
-  std::optional<double> flow_shift;        // flow-matching shift (model default, else the folder's)
+  std::optional<int> fps;            // video models: the MP4's frame rate (model default)
+  std::optional<double> flow_shift;  // flow-matching shift (model default, else the folder's)
+  // UniPC's flow sigmas before the shift (Wan): "from_one" (diffusers >= 0.42) or "reference"
+  // (Wan's own code, diffusers <= 0.41); unset: by the scheduler config's _diffusers_version.
+  std::optional<std::string> flow_sigmas;
   std::optional<double> guidance_scale_2;  // Wan2.2's low-noise expert guidance
   // "video" (MP4) or "frames" (MP4 and one PNG per frame) for video models.
   std::string output_type = "video";

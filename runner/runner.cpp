@@ -146,6 +146,7 @@ std::map<std::string, std::string> generation_text(const ResolvedArgs& args,
     text["num_frames"] = std::to_string(c.num_frames.value_or(0));
     text["fps"] = std::to_string(c.fps.value_or(0));
     if (c.flow_shift) text["flow_shift"] = format_double(*c.flow_shift);
+    if (c.flow_sigmas) text["flow_sigmas"] = *c.flow_sigmas;
   }
   if (negative) {
     text["negative_prompt"] = *negative;
@@ -223,6 +224,7 @@ ResolvedArgs Runner::preprocess_args() const {
   require(c.num_frames.has_value(), "--num_frames");
   require(c.fps.has_value(), "--fps");
   require(c.flow_shift.has_value(), "--flow_shift");
+  require(c.flow_sigmas.has_value(), "--flow_sigmas");
   require(c.guidance_scale_2.has_value(), "--guidance_scale_2");
   require(!c.input_images.empty(), "--input_images");
   const bool video = spec.defaults.num_frames > 0;
@@ -416,6 +418,7 @@ ResolvedArgs Runner::preprocess_args() const {
   r.max_sequence_length = *c.max_sequence_length;
   r.num_frames = c.num_frames.value_or(0);
   r.flow_shift = c.flow_shift;
+  r.flow_sigmas = c.flow_sigmas;
   r.guidance_scale_2 = c.guidance_scale_2;
   r.input_images = std::move(pictures);
   r.num_pipeline_patch = c.num_pipeline_patch;

@@ -18,17 +18,20 @@
 namespace {
 
 namespace fs = std::filesystem;
+using xfuser::models::schedulers::FlowSigmas;
 using xfuser::models::schedulers::UniPCMultistepConfig;
 using xfuser::models::schedulers::UniPCMultistepScheduler;
 using xfuser::models::schedulers::UniPCPrediction;
 using xfuser::testing::expect_error_containing;
 using xfuser::testing::max_rel_error;
 
-fs::path json_path() {
-  return xfuser::testing::fixtures_dir() / "diffusers-v0.33.1" / "unipc_flow.json";
+// The fixtures of diffusers 0.33.1 (the flow sigmas of Wan's own code) and 0.42.1 (the flow
+// sigmas from 1): each config carries the _diffusers_version that picks its schedule.
+fs::path json_path(const std::string& version = "0.33.1") {
+  return xfuser::testing::fixtures_dir() / ("diffusers-v" + version) / "unipc_flow.json";
 }
-fs::path tensors_path() {
-  return xfuser::testing::fixtures_dir() / "diffusers-v0.33.1" / "unipc_flow.safetensors";
+fs::path tensors_path(const std::string& version = "0.33.1") {
+  return xfuser::testing::fixtures_dir() / ("diffusers-v" + version) / "unipc_flow.safetensors";
 }
 
 std::vector<double> to_vector(const at::Tensor& t) {
@@ -36,9 +39,10 @@ std::vector<double> to_vector(const at::Tensor& t) {
   return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
 }
 
-// The Wan 2.1 scheduler_config.json as diffusers writes it (flow_shift given).
+// The Wan 2.1 scheduler_config.json as diffusers 0.33.1 writes it (flow_shift given).
 nlohmann::json wan_config(double flow_shift) {
   return {{"_class_name", "UniPCMultistepScheduler"},
+          {"_diffusers_version", "0.33.1"},
           {"beta_end", 0.02},
           {"beta_schedule", "linear"},
           {"beta_start", 0.0001},
@@ -65,11 +69,9 @@ nlohmann::json wan_config(double flow_shift) {
           {"use_karras_sigmas", false}};
 }
 
-TEST(UniPCFixture, EverySeriesMatchesDiffusers) {
-  XF_REQUIRE_FIXTURE(json_path());
-  XF_REQUIRE_FIXTURE(tensors_path());
-  const auto fixture = xfuser::testing::read_json(json_path());
-  const auto tensors = xfuser::testing::read_tensors(tensors_path());
+void check_every_series(const std::string& version) {
+  const auto fixture = xfuser::testing::read_json(json_path(version));
+  const auto tensors = xfuser::testing::read_tensors(tensors_path(version));
   auto get = [&](const std::string& key) {
     const auto it = tensors.find(key);
     EXPECT_NE(it, tensors.end()) << key;
@@ -138,9 +140,23 @@ TEST(UniPCFixture, EverySeriesMatchesDiffusers) {
   }
   EXPECT_EQ(series_checked, 16);
   EXPECT_EQ(steps_checked, 110);
-  std::cout << "[unipc] " << series_checked << " series, " << steps_checked
-            << " steps: max sigma err (relative above 1) " << worst_sigma << ", max rel step err "
-            << worst_x << std::endl;
+  std::cout << "[unipc] diffusers " << version << ": " << series_checked << " series, "
+            << steps_checked << " steps: max sigma err (relative above 1) " << worst_sigma
+            << ", max rel step err " << worst_x << std::endl;
+}
+
+TEST(UniPCFixture, EverySeriesMatchesDiffusers) {
+  XF_REQUIRE_FIXTURE(json_path());
+  XF_REQUIRE_FIXTURE(tensors_path());
+  check_every_series("0.33.1");
+}
+
+// diffusers 0.42.1 (torch 2.11, numpy 2.4): the flow series start from sigma 1, and its configs
+// carry the keys 0.42 added (time_shift_type, sigma_min / sigma_max, shift_terminal null).
+TEST(UniPCFixture, EverySeriesMatchesDiffusers042) {
+  XF_REQUIRE_FIXTURE(json_path("0.42.1"));
+  XF_REQUIRE_FIXTURE(tensors_path("0.42.1"));
+  check_every_series("0.42.1");
 }
 
 TEST(UniPCFixture, ResetReplaysTheSameTrajectory) {
@@ -212,16 +228,54 @@ TEST(UniPC, NarrowedSchedulersStepTheirPartsAsTheWhole) {
 }
 
 TEST(UniPC, WanFlowScheduleByFormula) {
-  // sigma_j = s*v / (1 + (s-1) v), v = 1 - linspace(1, 1/1000, n+1)[n-j]; timestep int(sigma*1000).
-  UniPCMultistepScheduler scheduler(UniPCMultistepConfig::from_json(wan_config(3.0)));
+  // Reference (Wan's code, diffusers <= 0.41): sigma_j = s*v / (1 + (s-1) v),
+  // v = 1 - linspace(1, 1/1000, n+1)[n-j]; timestep int(sigma*1000).
+  auto reference = wan_config(3.0);
+  reference["_diffusers_version"] = "0.33.0.dev0";  // as the published Wan folders say
+  UniPCMultistepScheduler scheduler(UniPCMultistepConfig::from_json(reference));
+  EXPECT_EQ(scheduler.config().flow_sigmas, FlowSigmas::kReference);
   scheduler.set_timesteps(50);
-  const auto sigmas = to_vector(scheduler.sigmas());
+  auto sigmas = to_vector(scheduler.sigmas());
   ASSERT_EQ(sigmas.size(), 51u);
   const double v0 = 1.0 - 0.001;
   EXPECT_NEAR(sigmas[0], 3.0 * v0 / (1.0 + 2.0 * v0), 1e-7);
   EXPECT_EQ(sigmas[50], 0.0);
   EXPECT_EQ(scheduler.timesteps()[0].item<int64_t>(), 999);
   for (size_t i = 1; i < 50; ++i) EXPECT_LT(sigmas[i], sigmas[i - 1]) << i;
+
+  // From one (diffusers >= 0.42, and a config without a version): v = linspace(1, 1/1000, n+1)[j],
+  // the first sigma (exactly 1 after any shift) lowered by 1e-6.
+  auto unversioned = wan_config(3.0);
+  unversioned.erase("_diffusers_version");
+  UniPCMultistepScheduler today(UniPCMultistepConfig::from_json(unversioned));
+  EXPECT_EQ(today.config().flow_sigmas, FlowSigmas::kFromOne);
+  today.set_timesteps(50);
+  sigmas = to_vector(today.sigmas());
+  EXPECT_NEAR(sigmas[0], 1.0 - 1e-6, 1e-7);
+  const double v1 = 1.0 - 0.999 / 50.0;
+  EXPECT_NEAR(sigmas[1], 3.0 * v1 / (1.0 + 2.0 * v1), 1e-7);
+  EXPECT_EQ(sigmas[50], 0.0);
+
+  // Shift 8, 3 steps: where the two differ by a timestep (a Wan 2.2 boundary at 0.8 then sends the
+  // last step to the other expert).
+  auto timesteps = [](nlohmann::json config) {
+    UniPCMultistepScheduler s(UniPCMultistepConfig::from_json(config));
+    s.set_timesteps(3);
+    const at::Tensor t = s.timesteps().contiguous();
+    return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  };
+  auto v042 = wan_config(8.0);
+  v042["_diffusers_version"] = "0.42.1";
+  auto v035 = wan_config(8.0);
+  v035["_diffusers_version"] = "0.35.2";
+  EXPECT_EQ(timesteps(v042), (std::vector<int64_t>{999, 941, 800}));
+  EXPECT_EQ(timesteps(v035), (std::vector<int64_t>{999, 941, 799}));
+  // A run's choice overrides the folder's version.
+  auto forced = UniPCMultistepConfig::from_json(v035);
+  forced.flow_sigmas = FlowSigmas::kFromOne;
+  UniPCMultistepScheduler f(forced);
+  f.set_timesteps(3);
+  EXPECT_EQ(f.timesteps()[2].item<int64_t>(), 800);
 }
 
 TEST(UniPC, StepChecksItsInputs) {

@@ -102,6 +102,25 @@ TEST_F(WanRun, ModelPathAloneEndsOnDiffusersAndWritesTheMp4) {
   EXPECT_LE(mean_error, 6.0) << "H.264 (crf 17) of the frames";
 }
 
+// The fixture folder was saved by diffusers 0.33.1: its schedule is Wan's own (the default above
+// equals diffusers 0.33.1). --flow_sigmas reference is that same run; --flow_sigmas from_one is
+// today's diffusers schedule, which moves every timestep but the first.
+TEST_F(WanRun, FlowSigmasFlagPicksTheSchedule) {
+  TempDir base, reference, from_one;
+  std::string log;
+  const std::string name = "Wan2.1-T2V_u1r1_tc_False_32x48_0";
+  ASSERT_EQ(run_command(command(base.path().string()), &log), 0) << log;
+  ASSERT_EQ(run_command(command(reference.path().string()) + " --flow_sigmas reference", &log), 0)
+      << log;
+  ASSERT_EQ(run_command(command(from_one.path().string()) + " --flow_sigmas from_one", &log), 0)
+      << log;
+  const at::Tensor want = final_latents(base.path(), name);
+  EXPECT_TRUE(at::equal(final_latents(reference.path(), name), want));
+  const double moved = xfuser::testing::max_rel_error(final_latents(from_one.path(), name), want);
+  std::printf("--flow_sigmas from_one vs the folder's schedule: max rel %.3g\n", moved);
+  EXPECT_GT(moved, 1e-4) << "today's schedule differs from Wan's own";
+}
+
 TEST_F(WanRun, EveryParallelLayoutEndsOnTheSerialLatents) {
   TempDir serial;
   std::string log;
@@ -278,6 +297,9 @@ TEST_F(WanRun, FrameCountsAndVideoFlagsAreCheckedNamingTheFlag) {
       << log;
   EXPECT_NE(run_command(tiny + " --flow_shift -1", &log), 0);
   EXPECT_NE(log.find("--flow_shift must be a number in (0, 1000]"), std::string::npos) << log;
+  EXPECT_NE(run_command(tiny + " --flow_sigmas sideways", &log), 0);
+  EXPECT_NE(log.find("--flow_sigmas"), std::string::npos) << log;
+  EXPECT_NE(log.find("sideways"), std::string::npos) << log;
   EXPECT_NE(run_command(tiny + " --guidance_scale_2 3", &log), 0);
   EXPECT_NE(log.find("--guidance_scale_2 is not supported by model tiny-wan"), std::string::npos)
       << log;
@@ -286,6 +308,9 @@ TEST_F(WanRun, FrameCountsAndVideoFlagsAreCheckedNamingTheFlag) {
       bin_ + " --model tiny-flux --prompt 'a cat' --output_directory " + out.path().string();
   EXPECT_NE(run_command(flux + " --num_frames 9", &log), 0);
   EXPECT_NE(log.find("--num_frames is not supported by model tiny-flux"), std::string::npos) << log;
+  EXPECT_NE(run_command(flux + " --flow_sigmas from_one", &log), 0);
+  EXPECT_NE(log.find("--flow_sigmas is not supported by model tiny-flux"), std::string::npos)
+      << log;
   EXPECT_NE(run_command(flux + " --output_type frames", &log), 0);
   EXPECT_NE(log.find("--output_type frames is for video models"), std::string::npos) << log;
   EXPECT_TRUE(fs::is_empty(out.path())) << "nothing written by a refused run";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 
 #include "backends/error.h"
@@ -66,6 +67,15 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
   c.flow_shift = config_value<double>(json, "flow_shift", c.flow_shift);
   c.steps_offset = config_value<int64_t>(json, "steps_offset", c.steps_offset);
   c.rescale_betas_zero_snr = config_value<bool>(json, "rescale_betas_zero_snr", false);
+  c.flow_sigmas = FlowSigmas::kFromOne;
+  if (auto it = json.find("_diffusers_version"); it != json.end() && it->is_string()) {
+    // "0.33.0.dev0" -> (0, 33); a version that does not parse keeps today's schedule.
+    int major = 0, minor = 0;
+    if (std::sscanf(it->get<std::string>().c_str(), "%d.%d", &major, &minor) == 2 &&
+        (major == 0 && minor < 42)) {
+      c.flow_sigmas = FlowSigmas::kReference;
+    }
+  }
 
   const auto schedule = config_value<std::string>(json, "beta_schedule", "linear");
   if (schedule == "linear") {
@@ -183,14 +193,21 @@ void UniPCMultistepScheduler::set_timesteps(int64_t num_inference_steps) {
   std::vector<int64_t> timesteps;
   std::vector<float> sigmas;
   if (config_.use_flow_sigmas) {
-    // Float64 as numpy: alphas = linspace(1, 1/N, n+1), sigma = 1 - alpha, shifted, flipped,
-    // the last (zero) dropped; timesteps = int64(sigma * N) (truncation).
-    const std::vector<double> alphas = linspace(1.0, 1.0 / static_cast<double>(n_train), n + 1);
+    // Float64 as numpy; timesteps = int64(sigma * N) (truncation).
+    const std::vector<double> base = linspace(1.0, 1.0 / static_cast<double>(n_train), n + 1);
     const double s = config_.flow_shift;
     std::vector<double> sig;
     for (int64_t j = 0; j < n; ++j) {
-      const double v = 1.0 - alphas[static_cast<size_t>(n - j)];
+      // kReference: sigma = 1 - alpha with alphas = base, flipped, the last (zero) dropped.
+      // kFromOne: base[:-1] itself.
+      const double v = config_.flow_sigmas == FlowSigmas::kReference
+                           ? 1.0 - base[static_cast<size_t>(n - j)]
+                           : base[static_cast<size_t>(j)];
       sig.push_back(s * v / (1.0 + (s - 1.0) * v));
+    }
+    // diffusers >= 0.42: a first sigma within 1e-6 of 1 is lowered by 1e-6 (log(alpha) finite).
+    if (config_.flow_sigmas == FlowSigmas::kFromOne && std::fabs(sig[0] - 1.0) < 1e-6) {
+      sig[0] -= 1e-6;
     }
     for (double v : sig) {
       timesteps.push_back(static_cast<int64_t>(v * static_cast<double>(n_train)));

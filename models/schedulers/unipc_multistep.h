@@ -1,4 +1,4 @@
-// UniPCMultistepScheduler, equal to diffusers v0.33.1 step by step (Wan 2.1 / 2.2:
+// UniPCMultistepScheduler, equal to diffusers v0.33.1 and v0.42.1 step by step (Wan 2.1 / 2.2:
 // prediction_type "flow_prediction", use_flow_sigmas, flow_shift, solver_order 2, bh2, predict_x0,
 // lower_order_final).
 //
@@ -26,6 +26,12 @@ enum class UniPCSolverType { kBh1, kBh2 };
 enum class BetaSchedule { kLinear, kScaledLinear, kSquaredCosCapV2 };
 enum class TimestepSpacing { kLinspace, kLeading, kTrailing };
 enum class FinalSigmasType { kZero, kSigmaMin };
+// The flow sigmas before the shift (use_flow_sigmas). diffusers changed them in 0.42:
+//   kFromOne:    linspace(1, 1/T, n+1)[:-1], a first sigma of 1 lowered by 1e-6 (diffusers >= 0.42)
+//   kReference:  linspace(1 - 1/T, 0, n+1)[:-1] (Wan's own FlowUniPCMultistepScheduler and
+//                diffusers <= 0.41)
+// With shift 8 and 3 steps the timesteps are [999, 941, 800] and [999, 941, 799].
+enum class FlowSigmas { kFromOne, kReference };
 
 struct UniPCMultistepConfig {
   int64_t num_train_timesteps = 1000;
@@ -45,6 +51,9 @@ struct UniPCMultistepConfig {
   int64_t steps_offset = 0;
   FinalSigmasType final_sigmas_type = FinalSigmasType::kZero;
   bool rescale_betas_zero_snr = false;
+  // From the config's _diffusers_version: kReference when it names a diffusers before 0.42 (the
+  // published Wan folders), else kFromOne (today's diffusers). A run may override it.
+  FlowSigmas flow_sigmas = FlowSigmas::kFromOne;
 
   // From scheduler_config.json's object with diffusers' defaults; unknown keys are ignored.
   // Unsupported settings (thresholding, trained_betas, solver_p, karras / exponential / beta

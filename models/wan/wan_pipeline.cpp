@@ -51,7 +51,8 @@ bool listed(const nlohmann::json& index, const char* name) {
 
 // The folder's UniPC config with --flow_shift applied; checked to be Wan's flow setup.
 schedulers::UniPCMultistepConfig scheduler_config(const fs::path& path,
-                                                  const std::optional<double>& flow_shift) {
+                                                  const std::optional<double>& flow_shift,
+                                                  const std::optional<std::string>& flow_sigmas) {
   auto config = schedulers::UniPCMultistepConfig::from_file(path);
   XF_CHECK(config.prediction_type == schedulers::UniPCPrediction::kFlowPrediction &&
                config.use_flow_sigmas,
@@ -61,6 +62,12 @@ schedulers::UniPCMultistepConfig scheduler_config(const fs::path& path,
   if (flow_shift) {
     XF_CHECK(*flow_shift > 0, "--flow_shift must be > 0 (got ", *flow_shift, ")");
     config.flow_shift = *flow_shift;
+  }
+  if (flow_sigmas) {
+    XF_CHECK(*flow_sigmas == "from_one" || *flow_sigmas == "reference",
+             "--flow_sigmas must be from_one or reference (got '", *flow_sigmas, "')");
+    config.flow_sigmas = *flow_sigmas == "from_one" ? schedulers::FlowSigmas::kFromOne
+                                                    : schedulers::FlowSigmas::kReference;
   }
   return config;
 }
@@ -101,7 +108,7 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
   XF_CHECK(!index.value("expand_timesteps", false), index_path,
            ": expand_timesteps (Wan2.2 TI2V-5B's per-token timesteps) is not supported");
   scheduler_config_ = dir / "scheduler" / "scheduler_config.json";
-  scheduler_config(scheduler_config_, std::nullopt);  // fail before any compute
+  scheduler_config(scheduler_config_, std::nullopt, std::nullopt);  // fail before any compute
   XF_CHECK(!options.enable_tiling, "--enable_tiling is not supported by the Wan VAE yet");
 
   tokenizer_ = tokenizers::load_tokenizer(dir / "tokenizer");
@@ -220,7 +227,7 @@ std::unique_ptr<XFuserModel::State> WanModel::begin(const GenerationRequest& req
   state->do_cfg = request.guidance_scale > 1.0;
   check_layout(request, state->do_cfg, gf * gh);
   state->scheduler = std::make_unique<schedulers::UniPCMultistepScheduler>(
-      scheduler_config(scheduler_config_, request.flow_shift));
+      scheduler_config(scheduler_config_, request.flow_shift, request.flow_sigmas));
   return state;
 }
 
@@ -473,13 +480,9 @@ std::vector<ModelSpec> model_specs() {
   t2v.task = Task::kTextToVideo;
   // xDiT's runner: 720x1280, 81 frames, 40 steps, guidance 3.5, 16 fps, flow_shift 12.
   t2v.defaults = {720, 1280, 40, 3.5, 512, 81, 16, 12.0};
-  t2v.options = {"--negative_prompt",
-                 "--guidance_scale",
-                 "--max_sequence_length",
-                 "--enable_slicing",
-                 "--num_frames",
-                 "--flow_shift",
-                 "--fps"};
+  t2v.options = {
+      "--negative_prompt", "--guidance_scale", "--max_sequence_length", "--enable_slicing",
+      "--num_frames",      "--flow_shift",     "--flow_sigmas",         "--fps"};
   t2v.parallelism.ulysses = true;
   t2v.parallelism.ring = true;
   t2v.parallelism.cfg_parallel = true;
