@@ -47,9 +47,15 @@ void ensure_registered() {
   });
 }
 
-std::shared_ptr<AutoencoderKLFlux2> load_fixture() {
+// diffusers 0.42.1: a decoder narrower than the encoder (decoder_block_out_channels [2, 2, 4, 4]
+// under block_out_channels [4, 4, 8, 8]).
+fs::path narrow_decoder_dir() {
+  return xfuser::testing::fixtures_dir() / "diffusers-v0.42.1" / "flux2-vae-narrow-decoder-s1";
+}
+
+std::shared_ptr<AutoencoderKLFlux2> load_fixture(const fs::path& dir = case_dir()) {
   ensure_registered();
-  auto component = xfuser::models::load_component(case_dir().string(), at::kFloat);
+  auto component = xfuser::models::load_component(dir.string(), at::kFloat);
   auto vae = std::dynamic_pointer_cast<AutoencoderKLFlux2>(component);
   EXPECT_NE(vae, nullptr) << "load_component did not build an AutoencoderKLFlux2";
   return vae;
@@ -94,6 +100,37 @@ TEST_F(Flux2Vae, DecodeEqualsDiffusers) {
   const double err = max_rel_error(out.at("sample"), want);
   std::printf("[flux2 vae] decode: rel %.2e\n", err);
   EXPECT_LE(err, 1e-4);
+}
+
+TEST_F(Flux2Vae, NarrowDecoderEqualsDiffusers042) {
+  const fs::path dir = narrow_decoder_dir();
+  XF_REQUIRE_FIXTURE(dir);
+  auto vae = load_fixture(dir);
+  ASSERT_NE(vae, nullptr);
+  EXPECT_EQ(vae->config().decoder_block_out_channels, (std::vector<int64_t>{2, 2, 4, 4}));
+  auto tensor = [&](const std::string& file, const std::string& name) {
+    return SafetensorsFile((dir / file).string()).get(name).clone();
+  };
+  TensorMap enc = vae->call("encode", {{"sample", tensor("inputs.safetensors", "sample")}});
+  const double enc_err =
+      max_rel_error(enc.at("latent_dist_mean"), tensor("output.safetensors", "latent_dist_mean"));
+  TensorMap dec = vae->call("decode", {{"z", tensor("inputs.safetensors", "z")}});
+  const at::Tensor want = tensor("output.safetensors", "decode_sample");
+  ASSERT_EQ(dec.at("sample").sizes(), want.sizes());
+  const double dec_err = max_rel_error(dec.at("sample"), want);
+  std::printf("[flux2 vae, narrow decoder] encode rel %.2e, decode rel %.2e\n", enc_err, dec_err);
+  EXPECT_LE(enc_err, 1e-4);
+  EXPECT_LE(dec_err, 1e-4);
+  // A decoder list of the wrong length names the key.
+  auto config = xfuser::testing::read_json(dir / "config.json");
+  config["decoder_block_out_channels"] = {2, 2, 4};
+  expect_error_containing(
+      [&] { AutoencoderKLFlux2Config::from_json(config, "/m/vae/config.json"); },
+      {"/m/vae/config.json", "decoder_block_out_channels", "3 entries"});
+  config["decoder_block_out_channels"] = {2, 2, 4, 3};
+  expect_error_containing(
+      [&] { AutoencoderKLFlux2Config::from_json(config, "/m/vae/config.json"); },
+      {"decoder_block_out_channels", "norm_num_groups"});
 }
 
 // enable_tiling() with the fixture's sample_size 32: 32-pixel / 4-latent tiles, overlap 0.25.

@@ -43,7 +43,7 @@ AutoencoderKLFlux2Config AutoencoderKLFlux2Config::from_json(const json& j,
   };
   merged.update(j);
   AutoencoderKLFlux2Config c;
-  c.kl = vae::AutoencoderKLConfig::from_json(merged, path);
+  c.kl = vae::AutoencoderKLConfig::from_json(merged, path);  // with decoder_block_out_channels
   c.batch_norm_eps = cfg(j, "batch_norm_eps", c.batch_norm_eps, path);
   c.batch_norm_momentum = cfg(j, "batch_norm_momentum", c.batch_norm_momentum, path);
   c.patch_size = cfg(j, "patch_size", c.patch_size, path);

@@ -86,6 +86,11 @@ AutoencoderKLConfig AutoencoderKLConfig::from_json(const json& j, const std::str
   c.down_block_types = cfg(j, "down_block_types", c.down_block_types, path);
   c.up_block_types = cfg(j, "up_block_types", c.up_block_types, path);
   c.block_out_channels = cfg(j, "block_out_channels", c.block_out_channels, path);
+  // AutoencoderKLFlux2 (diffusers >= 0.42): null or absent is block_out_channels.
+  if (auto it = j.find("decoder_block_out_channels"); it != j.end() && !it->is_null()) {
+    c.decoder_block_out_channels =
+        cfg(j, "decoder_block_out_channels", c.decoder_block_out_channels, path);
+  }
   c.layers_per_block = cfg(j, "layers_per_block", c.layers_per_block, path);
   c.act_fn = cfg(j, "act_fn", c.act_fn, path);
   c.latent_channels = cfg(j, "latent_channels", c.latent_channels, path);
@@ -126,6 +131,16 @@ AutoencoderKLConfig AutoencoderKLConfig::from_json(const json& j, const std::str
              ": block_out_channels entry ", ch, " is not divisible by norm_num_groups ",
              c.norm_num_groups);
   }
+  if (!c.decoder_block_out_channels.empty()) {
+    XF_CHECK(c.decoder_block_out_channels.size() == n, "config ", where,
+             ": decoder_block_out_channels has ", c.decoder_block_out_channels.size(),
+             " entries; the decoder's up blocks need one each (", n, ", as block_out_channels)");
+    for (auto ch : c.decoder_block_out_channels) {
+      XF_CHECK(ch > 0 && ch % c.norm_num_groups == 0, "config ", where,
+               ": decoder_block_out_channels entry ", ch, " is not divisible by norm_num_groups ",
+               c.norm_num_groups);
+    }
+  }
   XF_CHECK(c.in_channels > 0 && c.out_channels > 0 && c.latent_channels > 0 &&
                c.layers_per_block > 0 && c.sample_size > 0,
            "config ", where, ": in_channels, out_channels, latent_channels, layers_per_block and ",
@@ -149,6 +164,9 @@ AutoencoderKL::AutoencoderKL(AutoencoderKLConfig config) : config_(std::move(con
   CoderConfig dec = enc;
   dec.in_channels = config_.latent_channels;
   dec.out_channels = config_.out_channels;
+  if (!config_.decoder_block_out_channels.empty()) {
+    dec.block_out_channels = config_.decoder_block_out_channels;
+  }
 
   encoder_ = child("encoder", std::make_shared<Encoder>(enc));
   decoder_ = child("decoder", std::make_shared<Decoder>(dec));

@@ -30,6 +30,9 @@ struct AutoencoderKLConfig {
   std::vector<std::string> down_block_types = {"DownEncoderBlock2D"};
   std::vector<std::string> up_block_types = {"UpDecoderBlock2D"};
   std::vector<int64_t> block_out_channels = {64};
+  // The decoder's own widths (AutoencoderKLFlux2's decoder_block_out_channels, a narrower decoder
+  // in newer diffusers); empty: block_out_channels. One entry per up block either way.
+  std::vector<int64_t> decoder_block_out_channels;
   int layers_per_block = 1;
   std::string act_fn = "silu";
   int64_t latent_channels = 4;
