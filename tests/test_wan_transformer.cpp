@@ -306,6 +306,27 @@ TEST_F(WanTest, EmbedOfATokenSubsetIsTheRowsOfTheFullEmbed) {
   EXPECT_LE(max_rel_error(a.rope.sin.select(0, 22), at::sin(angles)), 1e-6);
 }
 
+// The image tokens are however many the image encoder gives (diffusers 0.42 takes the first
+// L - 512 context tokens, not a fixed 257): two copies of the 257 image tokens are 514 keys and
+// values of the same softmax weights each halved, so the output is the 257-token one; a split at
+// a fixed 257 would attend the copy as text instead.
+TEST_F(WanTest, ImageTokensAreWhateverTheImageEncoderGave) {
+  const std::string name = "wan-i2v-tiny-s1";
+  XF_REQUIRE_FIXTURE(fixture_case(name));
+  auto model = load_fixture_model(name, at::kFloat);
+  auto inputs = read_tensors(fixture_case(name) / "inputs.safetensors");
+  const at::Tensor once = model->call("forward", inputs).at("sample");
+  const at::Tensor image = inputs.at("encoder_hidden_states_image");
+  ASSERT_EQ(image.size(1), 257);
+  inputs["encoder_hidden_states_image"] = at::cat({image, image}, 1);
+  const at::Tensor twice = model->call("forward", inputs).at("sample");
+  EXPECT_LE(max_rel_error(twice, once), 1e-5);
+  // Fewer tokens (the first 100) is a different image context, and runs.
+  inputs["encoder_hidden_states_image"] = image.narrow(1, 0, 100);
+  const at::Tensor fewer = model->call("forward", inputs).at("sample");
+  EXPECT_GT(max_rel_error(fewer, once), 1e-4);
+}
+
 TEST_F(WanTest, TimestepBroadcastsOverTheBatch) {
   const std::string name = "wan-tiny-s1";
   XF_REQUIRE_FIXTURE(fixture_case(name));
@@ -458,8 +479,8 @@ TEST_F(WanTest, BadInputsNameTheInput) {
         {"encoder_hidden_states_image", "image_dim"});
   fails(*i2v, with(i2v_in, "encoder_hidden_states_image", at::Tensor()),
         {"encoder_hidden_states_image", "missing"});
-  fails(*i2v, with(i2v_in, "encoder_hidden_states_image", at::randn({1, 256, 8})),
-        {"encoder_hidden_states_image", "[1, 257, 8]", "257"});
+  fails(*i2v, with(i2v_in, "encoder_hidden_states_image", at::randn({1, 257, 7})),
+        {"encoder_hidden_states_image", "[1, L_img, 8]", "[1, 257, 7]"});
   // token level: ids outside the rotary table, ids of the wrong width.
   auto din = t2v->parse_forward_inputs(t2v_in);
   auto bad = din;

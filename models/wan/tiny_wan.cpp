@@ -70,7 +70,7 @@ void write(const fs::path& out, uint64_t seed, bool i2v, bool wan22) {
   if (clip) {
     index["image_encoder"] = {"transformers", "CLIPVisionModel"};
     index["image_processor"] = {"transformers", "CLIPImageProcessor"};
-    // 32x32 pixels in 2x2 patches: 256 + 1 tokens, the 257 image tokens Wan's attention takes.
+    // 32x32 pixels in 2x2 patches: 256 + 1 tokens, as many image tokens as Wan 2.1 CLIP gives.
     write_random_component(out / "image_encoder",
                            {{"architectures", {"CLIPVisionModel"}},
                             {"model_type", "clip_vision_model"},

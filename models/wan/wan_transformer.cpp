@@ -96,7 +96,7 @@ class WanConditionEmbedder : public Module {
     o.temb = time_embedder_->forward(t).to(dtype);                               // [B|1, D]
     o.timestep_proj = time_proj_->forward(activate(o.temb, Activation::kSilu));  // [B|1, 6D]
     o.text = text_embedder_->forward(text.to(dtype));                            // [B, L, D]
-    if (image.defined()) o.image = image_embedder_->forward(image.to(dtype));    // [B, 257, D]
+    if (image.defined()) o.image = image_embedder_->forward(image.to(dtype));    // [B, L_img, D]
     return o;
   }
 
@@ -179,7 +179,7 @@ class WanAttention : public Module {
     return {split_heads(norm_k_->forward(to_k_->forward(c), ops), heads_),
             split_heads(to_v_->forward(c), heads_)};
   }
-  // Image keys and values (I2V) [B, 257, H_r, hd].
+  // Image keys and values (I2V) [B, L_img, H_r, hd].
   std::pair<at::Tensor, at::Tensor> image_key_value(const at::Tensor& c,
                                                     const TensorParallelOps& ops) const {
     return {split_heads(norm_added_k_->forward(add_k_proj_->forward(c), ops), heads_),
@@ -233,10 +233,11 @@ class WanBlock : public Module {
     table_ = &param("scale_shift_table", {1, 6, d});
   }
 
-  // x [B, n, D], context [B, (257 +) L, D], timestep_proj [B|1, 6, D]; updates x.
-  void forward(at::Tensor& x, const at::Tensor& context, const at::Tensor& timestep_proj,
-               const RotaryTables& rope, const AttendFn& attend, int64_t layer, int64_t num_layers,
-               const TensorParallelOps& ops) const {
+  // x [B, n, D], context [B, (L_img +) L, D] (I2V: the first image_tokens are the image's),
+  // timestep_proj [B|1, 6, D]; updates x.
+  void forward(at::Tensor& x, const at::Tensor& context, int64_t image_tokens,
+               const at::Tensor& timestep_proj, const RotaryTables& rope, const AttendFn& attend,
+               int64_t layer, int64_t num_layers, const TensorParallelOps& ops) const {
     const int64_t b = x.size(0), n = x.size(1);
     const auto dtype = x.scalar_type();
     // Modulation in float32: (scale_shift_table + timestep_proj.float()).chunk(6, dim=1).
@@ -262,9 +263,12 @@ class WanBlock : public Module {
       auto nx = norm2_ ? norm2_->forward(x.to(at::kFloat)).to(dtype) : x;
       at::Tensor text = context, image;
       if (attn2_->has_image_kv()) {
-        const int64_t k_img = WanTransformer3DModel::kImageTokens;
-        image = context.narrow(1, 0, k_img);
-        text = context.narrow(1, k_img, context.size(1) - k_img);
+        XF_CHECK(image_tokens > 0 && image_tokens < context.size(1), "blocks.", layer,
+                 ": an image-to-video block needs the image tokens ahead of the text in its "
+                 "context (",
+                 image_tokens, " of ", context.size(1), ")");
+        image = context.narrow(1, 0, image_tokens);
+        text = context.narrow(1, image_tokens, context.size(1) - image_tokens);
       }
       auto q = attn2_->query(nx, ops);
       auto [k, v] = attn2_->key_value(text, ops);
@@ -539,21 +543,15 @@ void WanTransformer3DModel::check_inputs(const dit::DiTInputs& in) const {
     return;
   }
   const std::string img_shape =
-      "[" + std::to_string(b) + ", " +
-      (c.added_kv_proj_dim ? std::to_string(kImageTokens) : std::string("L_img")) + ", " +
-      std::to_string(*c.image_dim) + "]";
+      "[" + std::to_string(b) + ", L_img, " + std::to_string(*c.image_dim) + "]";
   if (c.added_kv_proj_dim) {
     XF_CHECK(image.defined(), "missing required input 'encoder_hidden_states_image' (expected ",
              img_shape, ": the CLIP image embeddings of an image-to-video model)");
   }
   if (!image.defined()) return;
-  XF_CHECK(image.dim() == 3 && image.size(0) == b && image.size(2) == *c.image_dim &&
-               image.size(1) >= 1 && (!c.added_kv_proj_dim || image.size(1) == kImageTokens),
-           "encoder_hidden_states_image must be ", img_shape,
-           (c.added_kv_proj_dim ? " (diffusers v0.33.1 takes the first 257 context tokens as the "
-                                  "image's)"
-                                : ""),
-           ", got ", shape_string(image.sizes()));
+  XF_CHECK(
+      image.dim() == 3 && image.size(0) == b && image.size(2) == *c.image_dim && image.size(1) >= 1,
+      "encoder_hidden_states_image must be ", img_shape, ", got ", shape_string(image.sizes()));
   XF_CHECK(at::isFloatingType(image.scalar_type()),
            "encoder_hidden_states_image must be floating point, got ", image.scalar_type());
 }
@@ -572,6 +570,9 @@ dit::DiTActivations WanTransformer3DModel::embed(const dit::DiTInputs& in) const
   a.temb = cond.temb;
   a.extra["timestep_proj"] = cond.timestep_proj.unflatten(1, {6, -1});  // [B|1, 6, D]
   a.context = cond.image.defined() ? at::cat({cond.image, cond.text}, 1) : cond.text;
+  // How many of the context's tokens are the image's: however many the image encoder gave (257
+  // for Wan 2.1's CLIP image, 514 for two pictures), as diffusers >= 0.42 splits them.
+  if (cond.image.defined()) a.extra["context_image"] = cond.image;
   a.text_tokens = a.context.size(1);
   a.rope = multi_axis_rope(in.token_ids, config_.rope_axes_dims());
   return a;
@@ -592,13 +593,16 @@ void WanTransformer3DModel::run_blocks(dit::DiTActivations& a, int64_t begin, in
   AttendFn attend = [this](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const AttentionCall& call) { return this->attend(q, k, v, call); };
   const auto& timestep_proj = a.extra.at("timestep_proj");
+  const auto image = a.extra.find("context_image");
+  const int64_t image_tokens = image == a.extra.end() ? 0 : image->second.size(1);
   for (int64_t i = begin; i < end; ++i) {
     XF_CONTEXT("blocks.", i);
     profiling::Span span("block", "transformer_block");
     span.arg("index", i);
     XF_CHECK(blocks_[i], "blocks.", i, " is not held by this model part (blocks [",
              part_.block_begin, ", ", part_.block_end, "))");
-    blocks_[i]->forward(a.hidden, a.context, timestep_proj, a.rope, attend, i, layers, tp_ops());
+    blocks_[i]->forward(a.hidden, a.context, image_tokens, timestep_proj, a.rope, attend, i, layers,
+                        tp_ops());
   }
 }
 

@@ -7,7 +7,7 @@
 // tables are computed per token from token_ids, so any subset of the tokens embeds exactly as in
 // the full video. Every block: self-attention over the image tokens (attn1: QK RMS norm across all
 // heads, 3-axis RoPE), cross-attention to the text (attn2, no gate; I2V adds a second attention
-// of the same queries to the 257 image-embedding tokens through add_k_proj / add_v_proj), and a
+// of the same queries to the image-embedding tokens through add_k_proj / add_v_proj), and a
 // gated feed-forward; the modulation (scale_shift_table + timestep_proj) is in float32. As
 // diffusers' _keep_in_fp32_modules, time_embedder, every scale_shift_table and the norm1/2/3
 // parameters (blocks' norm2, image_embedder's norms) load in float32 whatever the model dtype.
@@ -24,9 +24,11 @@
 // heads, so each rank's sum of squares over its heads is all-reduced inside the norm (one small
 // [B, S, 1] all-reduce per norm). The embedders, the modulation and the head are replicated.
 //
-// DiTInputs.extra["encoder_hidden_states_image"] [B, 257, image_dim] carries the I2V image
-// embeddings (required when added_kv_proj_dim is set; v0.33.1's attention processor takes the
-// first 257 context tokens as the image's).
+// DiTInputs.extra["encoder_hidden_states_image"] [B, L_img, image_dim] carries the I2V image
+// embeddings (required when added_kv_proj_dim is set; 257 tokens for Wan 2.1's CLIP image). The
+// blocks take the context's first L_img tokens as the image's, whatever L_img is: diffusers 0.42
+// splits at L - 512 (the text is padded to 512 tokens), v0.33.1 at 257; both agree with this for
+// Wan's checkpoints at the default max_sequence_length of 512.
 #pragma once
 
 #include <cstdint>
@@ -44,9 +46,6 @@ class WanConditionEmbedder;
 
 class WanTransformer3DModel : public dit::DiTTransformer {
  public:
-  // v0.33.1's WanAttnProcessor2_0 splits the context at this many image tokens.
-  static constexpr int64_t kImageTokens = 257;
-
   // `part`: the blocks this instance holds; parameters of the parts not held are not declared
   // (load with LoadOptions::allow_unexpected). With `tp` of size n > 1 this rank holds heads
   // [r*H/n, (r+1)*H/n) and its slices of every block's linear layers; the forward then needs
@@ -56,7 +55,7 @@ class WanTransformer3DModel : public dit::DiTTransformer {
 
   std::string class_name() const override { return "WanTransformer3DModel"; }
   // "forward": hidden_states [B, C, F, H, W], timestep [B] or [1] (int64 or float),
-  // encoder_hidden_states [B, L, text_dim], encoder_hidden_states_image [B, 257, image_dim]
+  // encoder_hidden_states [B, L, text_dim], encoder_hidden_states_image [B, L_img, image_dim]
   // (I2V) -> {"sample": [B, out_C, F, H, W]}.
   using dit::DiTTransformer::call;  // forward_outputs(forward(parse_forward_inputs(inputs)))
 
@@ -77,9 +76,10 @@ class WanTransformer3DModel : public dit::DiTTransformer {
   // The token output [B, N, pt*ph*pw*out_C] back as {"sample": [B, out_C, F, H, W]} (F, H, W
   // from the inputs' hidden_states).
   TensorMap forward_outputs(const at::Tensor& tokens, const TensorMap& inputs) const override;
-  // hidden [B, n, D] (with the embedders), context [B, (257 +) L, D] (always: the image
+  // hidden [B, n, D] (with the embedders), context [B, (L_img +) L, D] (always: the image
   // embeddings first for I2V, as diffusers concatenates), temb [B|1, D],
-  // extra["timestep_proj"] [B|1, 6, D], rope per token.
+  // extra["timestep_proj"] [B|1, 6, D], extra["context_image"] [B, L_img, D] (I2V: the image
+  // part of the context, which tells the blocks where the text starts), rope per token.
   dit::DiTActivations embed(const dit::DiTInputs& in) const override;
   void run_blocks(dit::DiTActivations& a, int64_t begin, int64_t end) const override;
   at::Tensor finalize(const dit::DiTActivations& a) const override;  // [B, n, pt*ph*pw*out_C]
