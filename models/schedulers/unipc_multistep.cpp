@@ -67,7 +67,6 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
   c.flow_shift = config_value<double>(json, "flow_shift", c.flow_shift);
   c.steps_offset = config_value<int64_t>(json, "steps_offset", c.steps_offset);
   c.rescale_betas_zero_snr = config_value<bool>(json, "rescale_betas_zero_snr", false);
-  c.flow_sigmas = FlowSigmas::kFromOne;
   if (auto it = json.find("_diffusers_version"); it != json.end() && it->is_string()) {
     // "0.33.0.dev0" -> (0, 33); a version that does not parse keeps today's schedule.
     int major = 0, minor = 0;
