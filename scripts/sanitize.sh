@@ -13,7 +13,7 @@ BUILD_DIR="${1:-build-asan}"
 shift || true
 GEN=()
 command -v ninja >/dev/null && [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]] && GEN=(-G Ninja)
-CFG=(-DCMAKE_BUILD_TYPE=Release -DXFUSER_SANITIZE=ON)
+CFG=(-DCMAKE_BUILD_TYPE=Release -DXFUSER_SANITIZE=ON -DXFUSER_SHARED_LIBS=ON)
 [[ -n "${TORCH_DIR:-}" ]] && CFG+=(-DTorch_DIR="$TORCH_DIR")
 BUILD_ALL=${SANITIZE_BUILD_ALL:-0}
 EXTRA=${SANITIZE_EXTRA_TARGETS:-}
