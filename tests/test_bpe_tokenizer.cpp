@@ -244,9 +244,9 @@ TEST(BpeErrors, MissingModel) {
 TEST(BpeErrors, UnsupportedPreTokenizer) {
   auto json = minimal_json();
   json["pre_tokenizer"] = {{"type", "Sequence"},
-                           {"pretokenizers", {{{"type", "Metaspace"}, {"replacement", "_"}}}}};
+                           {"pretokenizers", {{{"type", "BertPreTokenizer"}}}}};
   const std::string what = load_error(json);
-  EXPECT_NE(what.find("Metaspace"), std::string::npos) << what;
+  EXPECT_NE(what.find("BertPreTokenizer"), std::string::npos) << what;
   EXPECT_NE(what.find("pre_tokenizer.pretokenizers[0].type"), std::string::npos) << what;
 }
 
@@ -255,8 +255,8 @@ TEST(BpeErrors, UnsupportedNormalizerModelAndProcessor) {
   json["normalizer"] = {{"type", "BertNormalizer"}};
   EXPECT_NE(load_error(json).find("normalizer.type"), std::string::npos);
   json = minimal_json();
-  json["model"]["type"] = "Unigram";
-  EXPECT_NE(load_error(json).find("Unigram"), std::string::npos);
+  json["model"]["type"] = "WordPiece";
+  EXPECT_NE(load_error(json).find("WordPiece"), std::string::npos);
   json = minimal_json();
   json["post_processor"] = {{"type", "Weird"}};
   EXPECT_NE(load_error(json).find("post_processor.type"), std::string::npos);
@@ -279,10 +279,30 @@ TEST(BpeErrors, BadMergesAndRegex) {
   EXPECT_THROW(load_tokenizer(dir.path()), xfuser::Error);
 }
 
-TEST(BpeErrors, ClipAndT5ClassesNeverReadTokenizerJson) {
+// transformers 5 saves CLIP and T5 tokenizers as tokenizer.json alone, and its classes rebuild
+// the pipeline around the file's vocabulary: CLIP lower-cases and wraps in bos / eos, T5 needs a
+// Unigram model. Without tokenizer.json the slow files are required and named.
+TEST(BpeErrors, ClipAndT5ClassesReadTokenizerJsonAsTransformers5Does) {
   TempDir dir("xfuser-bpe");
-  write_file(dir / "tokenizer.json", minimal_json().dump());
+  auto json = minimal_json();
+  json["model"]["vocab"] = {{"a</w>", 0}, {"b</w>", 1},           {"ab</w>", 2},
+                            {"a", 3},     {"<|startoftext|>", 4}, {"<|endoftext|>", 5}};
+  json["model"]["merges"] = {"a b</w>"};
+  write_file(dir / "tokenizer.json", json.dump());
   write_file(dir / "vocab.json", "{}");
+  write_file(dir / "tokenizer_config.json", R"({"tokenizer_class": "CLIPTokenizer"})");
+  const auto clip = load_tokenizer(dir.path());
+  EXPECT_EQ(clip->kind(), "bpe");
+  EXPECT_EQ(clip->encode_ids("AB  a"), Ids({4, 2, 0, 5}));  // lower case, </w>, bos ... eos
+  write_file(dir / "tokenizer_config.json", R"({"tokenizer_class": "T5TokenizerFast"})");
+  try {
+    load_tokenizer(dir.path());
+    FAIL();
+  } catch (const xfuser::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("T5Tokenizer needs a Unigram model"), std::string::npos)
+        << e.what();
+  }
+  fs::remove(dir / "tokenizer.json");
   write_file(dir / "tokenizer_config.json", R"({"tokenizer_class": "CLIPTokenizer"})");
   try {
     load_tokenizer(dir.path());
@@ -290,12 +310,108 @@ TEST(BpeErrors, ClipAndT5ClassesNeverReadTokenizerJson) {
   } catch (const xfuser::Error& e) {
     EXPECT_NE(std::string(e.what()).find("merges.txt is missing"), std::string::npos) << e.what();
   }
-  write_file(dir / "tokenizer_config.json", R"({"tokenizer_class": "T5TokenizerFast"})");
-  EXPECT_THROW(load_tokenizer(dir.path()), xfuser::Error);
-  write_file(dir / "tokenizer_config.json", R"({"tokenizer_class": "PreTrainedTokenizerFast"})");
-  EXPECT_EQ(load_tokenizer(dir.path())->kind(), "bpe");
+  write_file(dir / "tokenizer.json", minimal_json().dump());
+  write_file(dir / "tokenizer_config.json", R"({"tokenizer_class": "TokenizersBackend"})");
+  EXPECT_EQ(load_tokenizer(dir.path())->encode_ids("ab ab a"), Ids({2, 3, 2, 3, 0}));
   fs::remove(dir / "tokenizer_config.json");  // no class: vocab.json alone is not CLIP's
   EXPECT_EQ(load_tokenizer(dir.path())->kind(), "bpe");
+}
+
+// ---- Unigram (SentencePiece's model in tokenizer.json) ---------------------------------------
+
+nlohmann::json unigram_json(const std::string& prepend = "always") {
+  auto json = nlohmann::json::parse(R"({
+    "version": "1.0", "added_tokens": [], "normalizer": null, "post_processor": null,
+    "model": {"type": "Unigram", "unk_id": 0, "byte_fallback": false,
+              "vocab": [["<unk>", 0.0], ["\u2581", -2.0], ["\u2581ab", -1.0], ["a", -3.0],
+                        ["b", -3.0], ["ab", -2.5], ["\u2581a", -1.5], ["c", -4.0],
+                        ["<0x78>", -5.0]]}})");
+  json["pre_tokenizer"] = {{"type", "Metaspace"},
+                           {"replacement", "\u2581"},
+                           {"prepend_scheme", prepend},
+                           {"split", true}};
+  return json;
+}
+
+std::unique_ptr<Tokenizer> load_json(const nlohmann::json& json) {
+  TempDir dir("xfuser-unigram");
+  write_file(dir / "tokenizer.json", json.dump());
+  return load_tokenizer(dir.path());
+}
+
+TEST(Unigram, TheBestScoringSegmentationWins) {
+  const auto tokenizer = load_json(unigram_json());
+  EXPECT_EQ(tokenizer->encode_ids("ab"), Ids({2}));      // ▁ab (-1) over ▁a b, ▁ ab
+  EXPECT_EQ(tokenizer->encode_ids("abc"), Ids({2, 7}));  // ▁ab c
+  EXPECT_EQ(tokenizer->encode_ids("ba"), Ids({1, 4, 3}));
+  // Each space becomes ▁ and the text splits before every ▁ (Metaspace, split = true).
+  EXPECT_EQ(tokenizer->encode_ids("a  b"), Ids({6, 1, 1, 4}));
+  EXPECT_EQ(tokenizer->encode_ids(""), Ids({}));
+}
+
+TEST(Unigram, UnknownCharactersFuseIntoOneUnk) {
+  const auto tokenizer = load_json(unigram_json());
+  EXPECT_EQ(tokenizer->encode_ids("xyz"), Ids({1, 0}));      // ▁ then one unk for "xyz"
+  EXPECT_EQ(tokenizer->encode_ids("axyc"), Ids({6, 0, 7}));  // ▁a, unk "xy", c
+}
+
+TEST(Unigram, ByteFallbackBeforeUnk) {
+  auto json = unigram_json();
+  json["model"]["byte_fallback"] = true;
+  const auto tokenizer = load_json(json);
+  EXPECT_EQ(tokenizer->encode_ids("x"), Ids({1, 8}));  // the fused unknown "x" as <0x78>
+  EXPECT_EQ(tokenizer->encode_ids("y"), Ids({1, 0}));  // no <0x79>: unk
+}
+
+TEST(Unigram, WhitespaceSplitAndPrependSchemes) {
+  auto json = unigram_json();
+  json["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers", {{{"type", "WhitespaceSplit"}}, unigram_json()["pre_tokenizer"]}}};
+  EXPECT_EQ(load_json(json)->encode_ids("a \t b"), Ids({6, 1, 4}));
+  // An added token in the text: "first" prepends only at the start of the input.
+  for (const std::string scheme : {"always", "first", "never"}) {
+    SCOPED_TRACE(scheme);
+    auto with_added = unigram_json(scheme);
+    with_added["added_tokens"] = {{{"id", 9}, {"content", "<x>"}, {"special", true}}};
+    const auto tokenizer = load_json(with_added);
+    const Ids ids = tokenizer->encode_ids("a<x>a");
+    if (scheme == "always") EXPECT_EQ(ids, Ids({6, 9, 6}));
+    if (scheme == "first") EXPECT_EQ(ids, Ids({6, 9, 3}));
+    if (scheme == "never") EXPECT_EQ(ids, Ids({3, 9, 3}));
+    EXPECT_EQ(tokenizer->encode_ids("<x>a"), scheme == "always" ? Ids({9, 6}) : Ids({9, 3}));
+  }
+}
+
+TEST(Unigram, ErrorsNameTheFileAndKey) {
+  auto json = unigram_json();
+  json["model"]["vocab"] = nlohmann::json::array({nlohmann::json::array({"a", "high"})});
+  EXPECT_NE(load_error(json).find("model.vocab[0]"), std::string::npos);
+  json = unigram_json();
+  json["model"]["unk_id"] = 99;
+  EXPECT_NE(load_error(json).find("model.unk_id"), std::string::npos);
+  json = unigram_json();
+  json["pre_tokenizer"]["prepend_scheme"] = "sometimes";
+  EXPECT_NE(load_error(json).find("pre_tokenizer.prepend_scheme"), std::string::npos);
+  json = unigram_json();
+  json["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "@@@@"}};
+  EXPECT_NE(load_error(json).find("normalizer.precompiled_charsmap"), std::string::npos);
+  json["normalizer"]["precompiled_charsmap"] = "AQAAAA==";  // a trie size past the end
+  EXPECT_NE(load_error(json).find("normalizer.precompiled_charsmap"), std::string::npos);
+  // No unk_id: a character no piece covers is an error naming the file, not a crash.
+  json = unigram_json();
+  json["model"]["unk_id"] = nullptr;
+  TempDir dir("xfuser-unigram");
+  write_file(dir / "tokenizer.json", json.dump());
+  const auto tokenizer = load_tokenizer(dir.path());
+  EXPECT_EQ(tokenizer->encode_ids("ab"), Ids({2}));
+  try {
+    tokenizer->encode_ids("q");
+    FAIL();
+  } catch (const xfuser::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no unk_id"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json"), std::string::npos) << e.what();
+  }
 }
 
 TEST(BpeErrors, UnsupportedClassIsNamed) {

@@ -28,7 +28,9 @@ using xfuser::testing::max_rel_error;
 using xfuser::testing::read_json;
 using xfuser::testing::read_tensors;
 
+// A case of the transformers 4.44.2 fixtures, or "transformers-vX/name" of another release.
 std::filesystem::path case_dir(const std::string& name) {
+  if (name.find('/') != std::string::npos) return fixtures_dir() / name;
   return fixtures_dir() / "transformers-v4.44.2" / name;
 }
 
@@ -70,6 +72,12 @@ TEST(ClipVision, EqualsTransformersFp32) { check_case("clip_vision-tiny-s1", at:
 
 TEST(ClipVision, WithProjectionEqualsTransformersFp32) {
   check_case("clip_vision_proj-tiny-s1", at::kFloat, 1e-4);
+}
+
+// transformers 5.24 saves CLIPVisionModel without the "vision_model." prefix.
+TEST(ClipVision, Transformers5FoldersEqualTransformers5Fp32) {
+  check_case("transformers-v5.24.0/clip_vision-tiny-s1", at::kFloat, 1e-4);
+  check_case("transformers-v5.24.0/clip_vision_proj-tiny-s1", at::kFloat, 1e-4);
 }
 
 TEST(ClipVision, Bf16IsClose) { check_case("clip_vision-tiny-s1", at::kBFloat16, 5e-2); }

@@ -34,7 +34,9 @@ using xfuser::models::text_encoders::T5EncoderConfig;
 using xfuser::testing::fixtures_dir;
 using xfuser::testing::max_rel_error;
 
+// A case of the transformers 4.44.2 fixtures, or "transformers-vX/name" of another release.
 std::filesystem::path case_dir(const std::string& name) {
+  if (name.find('/') != std::string::npos) return fixtures_dir() / name;
   return fixtures_dir() / "transformers-v4.44.2" / name;
 }
 
@@ -85,9 +87,18 @@ double check_case(const std::string& name, c10::ScalarType dtype, double tol) {
   return worst;
 }
 
-const std::vector<std::string> kCases = {"clip_text-tiny-s1", "clip_text-tiny_eos-s1",
-                                         "clip_text_proj-tiny-s1", "t5_enc-tiny_mask-s1",
-                                         "umt5_enc-tiny_mask-s1"};
+// transformers 5.24 saves CLIPTextModel without the "text_model." prefix (its clip_text cases).
+const std::vector<std::string> kCases = {"clip_text-tiny-s1",
+                                         "clip_text-tiny_eos-s1",
+                                         "clip_text_proj-tiny-s1",
+                                         "t5_enc-tiny_mask-s1",
+                                         "umt5_enc-tiny_mask-s1",
+                                         "transformers-v5.24.0/clip_text-tiny-s1",
+                                         "transformers-v5.24.0/clip_text-tiny_eos-s1",
+                                         "transformers-v5.24.0/clip_text_proj-tiny-s1",
+                                         "transformers-v5.24.0/clip_text_proj_g-tiny-s1",
+                                         "transformers-v5.24.0/t5_enc-tiny_mask-s1",
+                                         "transformers-v5.24.0/umt5_enc-tiny_mask-s1"};
 
 // ---- fixtures -----------------------------------------------------------------------------------
 

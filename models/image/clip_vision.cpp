@@ -6,6 +6,7 @@
 
 #include "backends/error.h"
 #include "models/weights/component_folder.h"
+#include "models/weights/tensor_source.h"
 
 namespace xfuser::models::image {
 
@@ -106,6 +107,13 @@ void ClipVisionModel::load(const TensorSource& source, c10::ScalarType dtype,
                            const std::string& prefix, const LoadOptions& options) {
   LoadOptions opts = options;
   opts.ignore_unexpected_prefixes.push_back("vision_model.embeddings.position_ids");
+  // transformers 5 saves CLIPVisionModel without its "vision_model." prefix (the projection
+  // model keeps it): read such a file as if it had the prefix.
+  if (!with_projection_ && !has_prefix(source, prefix + "vision_model.") &&
+      source.contains(prefix + "embeddings.patch_embedding.weight")) {
+    Module::load(InsertedPrefixSource(source, prefix, "vision_model."), dtype, prefix, opts);
+    return;
+  }
   Module::load(source, dtype, prefix, opts);
 }
 

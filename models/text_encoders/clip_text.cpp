@@ -10,6 +10,7 @@
 #include "backends/error.h"
 #include "models/text_encoders/clip_encoder.h"
 #include "models/weights/component_folder.h"
+#include "models/weights/tensor_source.h"
 
 namespace xfuser::models::text_encoders {
 
@@ -119,6 +120,13 @@ void ClipTextModel::load(const TensorSource& source, c10::ScalarType dtype,
   LoadOptions opts = options;
   // A non-persistent buffer that checkpoints saved before transformers 4.31 still hold.
   opts.ignore_unexpected_prefixes.push_back("text_model.embeddings.position_ids");
+  // transformers 5 saves CLIPTextModel without its "text_model." prefix (the projection model
+  // keeps it): read such a file as if it had the prefix.
+  if (!with_projection_ && !has_prefix(source, prefix + "text_model.") &&
+      source.contains(prefix + "embeddings.token_embedding.weight")) {
+    Module::load(InsertedPrefixSource(source, prefix, "text_model."), dtype, prefix, opts);
+    return;
+  }
   Module::load(source, dtype, prefix, opts);
 }
 

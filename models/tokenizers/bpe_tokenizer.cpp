@@ -1,6 +1,7 @@
 #include "models/tokenizers/bpe_tokenizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -10,6 +11,7 @@
 #include <set>
 #include <stdexcept>
 
+#include <unicode/brkiter.h>
 #include <unicode/locid.h>
 #include <unicode/normalizer2.h>
 #include <unicode/regex.h>
@@ -121,17 +123,143 @@ class Regex {
   std::unique_ptr<icu::RegexPattern> pattern_;
 };
 
+std::string base64_decode(const std::string& text, const std::string& context) {
+  std::string out;
+  uint32_t buffer = 0;
+  int bits = 0;
+  for (char ch : text) {
+    int v = -1;
+    if (ch >= 'A' && ch <= 'Z') v = ch - 'A';
+    if (ch >= 'a' && ch <= 'z') v = ch - 'a' + 26;
+    if (ch >= '0' && ch <= '9') v = ch - '0' + 52;
+    if (ch == '+') v = 62;
+    if (ch == '/') v = 63;
+    if (ch == '=') break;
+    XF_CHECK(v >= 0, context, ": not base64 (character '", std::string(1, ch), "')");
+    buffer = (buffer << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((buffer >> bits) & 0xFF));
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+// SentencePiece's precompiled_charsmap: [u32 trie size in bytes][darts-clone double array of
+// u32 units][NUL-separated replacement strings]. Read the way the `tokenizers` library's
+// Precompiled normalizer reads it (its spm_precompiled crate).
+class PrecompiledCharsMap {
+ public:
+  PrecompiledCharsMap(const std::string& blob, const std::string& context) {
+    XF_CHECK(blob.size() >= 4, context, ": precompiled_charsmap is shorter than its header");
+    uint32_t trie_bytes = 0;
+    for (int i = 3; i >= 0; --i)
+      trie_bytes = (trie_bytes << 8) | static_cast<unsigned char>(blob[i]);
+    XF_CHECK(trie_bytes % 4 == 0 && trie_bytes <= blob.size() - 4, context,
+             ": precompiled_charsmap's trie size ", trie_bytes, " does not fit its ", blob.size(),
+             " bytes");
+    units_.resize(trie_bytes / 4);
+    for (size_t u = 0; u < units_.size(); ++u) {
+      uint32_t v = 0;
+      for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(blob[4 + 4 * u + i]);
+      units_[u] = v;
+    }
+    normalized_ = blob.substr(4 + trie_bytes);
+  }
+
+  // The replacement of the shortest trie key that is a prefix of `chunk` (the library's
+  // transform(): results[0] of the common-prefix search), nullopt when no key is.
+  std::optional<std::string_view> transform(std::string_view chunk) const {
+    if (units_.empty()) return std::nullopt;
+    size_t node = offset(units_[0]);
+    for (unsigned char c : chunk) {
+      node ^= c;
+      if (node >= units_.size()) return std::nullopt;
+      const uint32_t unit = units_[node];
+      if ((unit & ((1u << 31) | 0xFFu)) != c) return std::nullopt;  // label
+      node ^= offset(unit);
+      if ((unit >> 8) & 1u) {  // has a leaf: the value is an offset into the strings
+        if (node >= units_.size()) return std::nullopt;
+        const size_t start = units_[node] & ((1u << 31) - 1);
+        if (start > normalized_.size()) return std::nullopt;
+        const size_t end = normalized_.find('\0', start);
+        return std::string_view(normalized_)
+            .substr(start, (end == std::string::npos ? normalized_.size() : end) - start);
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Precompiled::normalize: per extended grapheme cluster, the whole cluster's replacement when
+  // it is under 6 bytes and has one (a shorter key's replacement replaces the whole cluster, as
+  // the library does), else each character's own.
+  std::string apply(const std::string& text) const {
+    if (text.empty() || units_.empty()) return text;
+    UErrorCode status = U_ZERO_ERROR;
+    std::unique_ptr<icu::BreakIterator> graphemes(
+        icu::BreakIterator::createCharacterInstance(icu::Locale::getRoot(), status));
+    XF_CHECK(U_SUCCESS(status), "ICU grapheme iterator: ", u_errorName(status));
+    std::unique_ptr<UText, UText* (*)(UText*)> ut(
+        utext_openUTF8(nullptr, text.data(), static_cast<int64_t>(text.size()), &status),
+        utext_close);
+    XF_CHECK(U_SUCCESS(status), "ICU cannot open the text: ", u_errorName(status));
+    graphemes->setText(ut.get(), status);
+    XF_CHECK(U_SUCCESS(status), "ICU grapheme iterator: ", u_errorName(status));
+    std::string out;
+    out.reserve(text.size());
+    int32_t start = graphemes->first();
+    for (int32_t end = graphemes->next(); end != icu::BreakIterator::DONE;
+         start = end, end = graphemes->next()) {
+      const std::string_view cluster(text.data() + start, static_cast<size_t>(end - start));
+      if (cluster.size() < 6) {
+        if (const auto norm = transform(cluster)) {
+          out += *norm;
+          continue;
+        }
+      }
+      for (size_t i = 0; i < cluster.size();) {
+        size_t len = 0;
+        decode_at(text, static_cast<size_t>(start) + i, &len);
+        const std::string_view one = cluster.substr(i, len);
+        const auto norm = transform(one);
+        out += norm ? *norm : one;
+        i += len;
+      }
+    }
+    return out;
+  }
+
+ private:
+  static size_t offset(uint32_t unit) { return (unit >> 10) << ((unit & (1u << 9)) >> 6); }
+
+  std::vector<uint32_t> units_;
+  std::string normalized_;
+};
 
 // ---- normalizers ------------------------------------------------------------------------------
 
 struct Normalizer {
-  enum class Kind { kNfc, kNfd, kNfkc, kNfkd, kLowercase, kReplace, kPrepend };
+  enum class Kind {
+    kNfc,
+    kNfd,
+    kNfkc,
+    kNfkd,
+    kLowercase,
+    kReplace,
+    kPrepend,
+    kPrecompiled,
+    kStrip
+  };
   struct Step {
     Kind kind;
-    std::string literal;           // Replace (String pattern), Prepend
-    std::string content;           // Replace
-    std::shared_ptr<Regex> regex;  // Replace (Regex pattern)
+    std::string literal;                            // Replace (String pattern), Prepend
+    std::string content;                            // Replace
+    std::shared_ptr<Regex> regex;                   // Replace (Regex pattern)
+    std::shared_ptr<PrecompiledCharsMap> charsmap;  // Precompiled
+    bool strip_left = true, strip_right = true;     // Strip
   };
   std::vector<Step> steps;
 
@@ -193,6 +321,23 @@ struct Normalizer {
       }
       case Kind::kPrepend:
         return text.empty() ? text : step.literal + text;
+      case Kind::kPrecompiled:
+        return step.charsmap ? step.charsmap->apply(text) : text;
+      case Kind::kStrip: {
+        size_t begin = 0, end = text.size();
+        while (step.strip_left && begin < end) {
+          size_t len = 0;
+          if (!is_space(decode_at(text, begin, &len))) break;
+          begin += len;
+        }
+        while (step.strip_right && end > begin) {
+          const size_t prev = previous_start(text, end);
+          size_t len = 0;
+          if (!is_space(decode_at(text, prev, &len))) break;
+          end = prev;
+        }
+        return text.substr(begin, end - begin);
+      }
     }
     return text;
   }
@@ -203,8 +348,10 @@ struct Normalizer {
 enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
 struct PreTokenizer {
+  enum class Kind { kSplit, kByteLevel, kWhitespaceSplit, kMetaspace };
+  enum class Prepend { kAlways, kFirst, kNever };
   struct Step {
-    bool byte_level = false;
+    Kind kind = Kind::kSplit;
     // Split
     std::shared_ptr<Regex> regex;
     std::string literal;
@@ -212,12 +359,17 @@ struct PreTokenizer {
     bool invert = false;
     // ByteLevel
     bool add_prefix_space = false;
+    // Metaspace
+    std::string replacement;
+    Prepend prepend = Prepend::kAlways;
+    bool split = true;
   };
   std::vector<Step> steps;
 
   // NormalizedString::split with a pattern's find_matches (ranges + whether each is a match).
   static void split(const std::string& text, const std::vector<std::pair<size_t, size_t>>& found,
-                    Behavior behavior, bool invert, std::vector<std::string>& out) {
+                    Behavior behavior, bool invert, std::vector<std::string>& out,
+                    std::vector<size_t>* starts = nullptr) {
     struct Range {
       size_t start, end;
       bool match;
@@ -274,7 +426,9 @@ struct PreTokenizer {
         break;
     }
     for (const auto& [s, e] : kept) {
-      if (e > s) out.push_back(text.substr(s, e - s));
+      if (e <= s) continue;
+      out.push_back(text.substr(s, e - s));
+      if (starts != nullptr) starts->push_back(s);
     }
   }
 
@@ -289,33 +443,91 @@ struct PreTokenizer {
     return out;
   }
 
-  std::vector<std::string> apply(const std::string& text) const {
+  // at_text_start: the text begins at offset 0 of the whole input (Metaspace's "first" scheme
+  // prepends only to the piece there).
+  std::vector<std::string> apply(const std::string& text, bool at_text_start = true) const {
     std::vector<std::string> pieces;
-    if (!text.empty()) pieces.push_back(text);
+    std::vector<bool> first;  // the piece starts at offset 0 of the input
+    if (!text.empty()) {
+      pieces.push_back(text);
+      first.push_back(at_text_start);
+    }
     for (const auto& step : steps) {
       std::vector<std::string> next;
-      for (auto& piece : pieces) {
-        if (!step.byte_level) {
-          split(piece, step.regex ? step.regex->find_all(piece) : find_literal(piece, step.literal),
-                step.behavior, step.invert, next);
-          continue;
-        }
-        if (step.add_prefix_space && piece.rfind(' ', 0) != 0) piece.insert(0, " ");
-        std::vector<std::string> parts;
-        if (step.regex) {
-          split(piece, step.regex->find_all(piece), Behavior::kIsolated, false, parts);
-        } else {
-          parts.push_back(std::move(piece));
-        }
-        const std::string* symbols = byte_symbols();
-        for (const auto& part : parts) {
-          std::string mapped;
-          mapped.reserve(part.size() * 2);
-          for (unsigned char b : part) mapped += symbols[b];
-          next.push_back(std::move(mapped));
+      std::vector<bool> next_first;
+      const auto split_piece = [&](const std::string& piece, bool piece_first,
+                                   const std::vector<std::pair<size_t, size_t>>& found,
+                                   Behavior behavior, bool invert) {
+        std::vector<size_t> starts;
+        split(piece, found, behavior, invert, next, &starts);
+        for (size_t start : starts) next_first.push_back(piece_first && start == 0);
+      };
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        std::string& piece = pieces[k];
+        switch (step.kind) {
+          case Kind::kSplit:
+            split_piece(
+                piece, first[k],
+                step.regex ? step.regex->find_all(piece) : find_literal(piece, step.literal),
+                step.behavior, step.invert);
+            break;
+          case Kind::kWhitespaceSplit: {
+            // WhitespaceSplit: split on char::is_whitespace, the whitespace removed.
+            std::vector<std::pair<size_t, size_t>> spaces;
+            for (size_t i = 0; i < piece.size();) {
+              size_t len = 0;
+              if (is_space(decode_at(piece, i, &len))) spaces.emplace_back(i, i + len);
+              i += len;
+            }
+            split_piece(piece, first[k], spaces, Behavior::kRemoved, false);
+            break;
+          }
+          case Kind::kMetaspace: {
+            std::string replaced;
+            for (size_t pos = 0;;) {
+              const size_t space = piece.find(' ', pos);
+              replaced.append(piece, pos,
+                              space == std::string::npos ? std::string::npos : space - pos);
+              if (space == std::string::npos) break;
+              replaced += step.replacement;
+              pos = space + 1;
+            }
+            const bool starts_with = replaced.rfind(step.replacement, 0) == 0;
+            if (!starts_with && (step.prepend == Prepend::kAlways ||
+                                 (step.prepend == Prepend::kFirst && first[k]))) {
+              replaced.insert(0, step.replacement);
+            }
+            if (step.split) {
+              split_piece(replaced, first[k], find_literal(replaced, step.replacement),
+                          Behavior::kMergedWithNext, false);
+            } else if (!replaced.empty()) {
+              next.push_back(std::move(replaced));
+              next_first.push_back(first[k]);
+            }
+            break;
+          }
+          case Kind::kByteLevel: {
+            if (step.add_prefix_space && piece.rfind(' ', 0) != 0) piece.insert(0, " ");
+            std::vector<std::string> parts;
+            if (step.regex) {
+              split(piece, step.regex->find_all(piece), Behavior::kIsolated, false, parts);
+            } else {
+              parts.push_back(std::move(piece));
+            }
+            const std::string* symbols = byte_symbols();
+            for (size_t p = 0; p < parts.size(); ++p) {
+              std::string mapped;
+              mapped.reserve(parts[p].size() * 2);
+              for (unsigned char b : parts[p]) mapped += symbols[b];
+              next.push_back(std::move(mapped));
+              next_first.push_back(first[k] && p == 0);
+            }
+            break;
+          }
         }
       }
       pieces = std::move(next);
+      first = std::move(next_first);
     }
     return pieces;
   }
@@ -393,10 +605,25 @@ void read_normalizer(const Json& node, const std::filesystem::path& file, const 
   } else if (type == "Prepend") {
     step.kind = Kind::kPrepend;
     step.literal = string_field(node, "prepend", file, path);
+  } else if (type == "Precompiled") {
+    step.kind = Kind::kPrecompiled;
+    const auto it = node.find("precompiled_charsmap");
+    XF_CHECK(it != node.end(), where(file, path + ".precompiled_charsmap"), " is missing");
+    if (!it->is_null()) {
+      const std::string context = where(file, path + ".precompiled_charsmap");
+      XF_CHECK(it->is_string(), context, " must be a base64 string");
+      const std::string blob = base64_decode(it->get<std::string>(), context);
+      // The library treats an empty charsmap as no normalisation.
+      if (!blob.empty()) step.charsmap = std::make_shared<PrecompiledCharsMap>(blob, context);
+    }
+  } else if (type == "Strip") {
+    step.kind = Kind::kStrip;
+    step.strip_left = bool_field(node, "strip_left", true, file, path);
+    step.strip_right = bool_field(node, "strip_right", true, file, path);
   } else {
     XF_THROW(where(file, path + ".type"), ": normalizer '", type,
              "' is not supported (supported: NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, "
-             "Sequence)");
+             "Precompiled, Strip, Sequence)");
   }
   out.steps.push_back(std::move(step));
 }
@@ -433,14 +660,40 @@ void read_pre_tokenizer(const Json& node, const std::filesystem::path& file,
     }
     step.invert = bool_field(node, "invert", false, file, path);
   } else if (type == "ByteLevel") {
-    step.byte_level = true;
+    step.kind = PreTokenizer::Kind::kByteLevel;
     step.add_prefix_space = bool_field(node, "add_prefix_space", true, file, path);
     if (bool_field(node, "use_regex", true, file, path)) {
       step.regex = std::make_shared<Regex>(kGpt2Pattern, where(file, path));
     }
+  } else if (type == "WhitespaceSplit") {
+    step.kind = PreTokenizer::Kind::kWhitespaceSplit;
+  } else if (type == "Metaspace") {
+    step.kind = PreTokenizer::Kind::kMetaspace;
+    step.replacement = string_field(node, "replacement", file, path);
+    XF_CHECK(!step.replacement.empty(), where(file, path + ".replacement"), " is empty");
+    if (node.contains("prepend_scheme") && !node["prepend_scheme"].is_null()) {
+      const std::string scheme = string_field(node, "prepend_scheme", file, path);
+      if (scheme == "always") {
+        step.prepend = PreTokenizer::Prepend::kAlways;
+      } else if (scheme == "first") {
+        step.prepend = PreTokenizer::Prepend::kFirst;
+      } else if (scheme == "never") {
+        step.prepend = PreTokenizer::Prepend::kNever;
+      } else {
+        XF_THROW(where(file, path + ".prepend_scheme"), ": unknown scheme '", scheme,
+                 "' (always, first or never)");
+      }
+    } else {
+      // Files written before prepend_scheme existed say add_prefix_space.
+      step.prepend = bool_field(node, "add_prefix_space", true, file, path)
+                         ? PreTokenizer::Prepend::kAlways
+                         : PreTokenizer::Prepend::kNever;
+    }
+    step.split = bool_field(node, "split", true, file, path);
   } else {
     XF_THROW(where(file, path + ".type"), ": pre-tokenizer '", type,
-             "' is not supported (supported: Split, ByteLevel, Sequence)");
+             "' is not supported (supported: Split, ByteLevel, WhitespaceSplit, Metaspace, "
+             "Sequence)");
   }
   out.steps.push_back(std::move(step));
 }
@@ -470,6 +723,82 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
 
 }  // namespace
 
+namespace {
+
+// transformers 5's CLIPTokenizer keeps tokenizer.json's vocabulary and merges and builds the rest
+// itself: NFC, whitespace runs to ' ', lower case; CLIP's split regex and byte-level symbols; BPE
+// with '</w>' word ends and the config's unk token (the post-processor is set from the config's
+// bos / eos in read_folder_config).
+void rebuild_as_clip(nlohmann::json& json, const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "tokenizer.json";
+  XF_CHECK(json.is_object() && json.contains("model") && json["model"].is_object() &&
+               json["model"].value("type", "BPE") == "BPE",
+           file.string(), ": model: CLIPTokenizer needs a BPE model");
+  std::string unk = "<|endoftext|>";
+  const TokenizerFolder folder = TokenizerFolder::read(dir);
+  if (auto token = folder.special_token("unk_token")) unk = *token;
+  nlohmann::json& model = json["model"];
+  model["dropout"] = nullptr;
+  model["continuing_subword_prefix"] = "";
+  model["end_of_word_suffix"] = "</w>";
+  model["fuse_unk"] = false;
+  model["byte_fallback"] = false;
+  model["ignore_merges"] = false;
+  model["unk_token"] = unk;
+  json["normalizer"] = {{"type", "Sequence"},
+                        {"normalizers",
+                         {{{"type", "NFC"}},
+                          {{"type", "Replace"}, {"pattern", {{"Regex", "\\s+"}}}, {"content", " "}},
+                          {{"type", "Lowercase"}}}}};
+  json["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"},
+         {"pattern",
+          {{"Regex",
+            "<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|"
+            "[\\p{N}]|[^\\s\\p{L}\\p{N}]+"}}},
+         {"behavior", "Removed"},
+         {"invert", true}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}}}};
+  json["post_processor"] = nullptr;
+}
+
+// transformers 5's T5Tokenizer (T5 and UMT5 folders): tokenizer.json's Unigram pieces with unk id
+// 2 (the class fixes it), its precompiled_charsmap as the only normaliser, whitespace split then
+// Metaspace ("always" prepend); the "$A </s>" template is set in read_folder_config.
+void rebuild_as_t5(nlohmann::json& json) {
+  XF_CHECK(json.is_object() && json.contains("model") && json["model"].is_object() &&
+               json["model"].value("type", "") == "Unigram",
+           "tokenizer.json: model: T5Tokenizer needs a Unigram model");
+  nlohmann::json& model = json["model"];
+  model["unk_id"] = 2;
+  model["byte_fallback"] = false;
+  nlohmann::json charsmap;
+  std::function<void(const nlohmann::json&)> find = [&](const nlohmann::json& node) {
+    if (!node.is_object()) return;
+    if (node.value("type", "") == "Precompiled" && node.contains("precompiled_charsmap") &&
+        charsmap.is_null()) {
+      charsmap = node;
+    }
+    if (node.contains("normalizers") && node["normalizers"].is_array()) {
+      for (const auto& child : node["normalizers"]) find(child);
+    }
+  };
+  if (json.contains("normalizer")) find(json["normalizer"]);
+  json["normalizer"] = charsmap;
+  json["pre_tokenizer"] = {{"type", "Sequence"},
+                           {"pretokenizers",
+                            {{{"type", "WhitespaceSplit"}},
+                             {{"type", "Metaspace"},
+                              {"replacement", "\u2581"},
+                              {"prepend_scheme", "always"},
+                              {"split", true}}}}};
+  json["post_processor"] = nullptr;
+}
+
+}  // namespace
+
 BpeTokenizer::~BpeTokenizer() = default;
 
 BpeTokenizer::BpeTokenizer(const nlohmann::json& json, const std::filesystem::path& file)
@@ -486,70 +815,74 @@ BpeTokenizer::BpeTokenizer(const nlohmann::json& json, const std::filesystem::pa
   const std::string model_type = model.contains("type") && model["type"].is_string()
                                      ? model["type"].get<std::string>()
                                      : std::string("BPE");
-  XF_CHECK(model_type == "BPE", where(file, "model.type"), ": model '", model_type,
-           "' is not supported (only BPE)");
-  XF_CHECK(model.contains("vocab") && model["vocab"].is_object(), where(file, "model.vocab"),
-           " must be an object token -> id");
-  vocab_.reserve(model["vocab"].size());
-  for (const auto& [token, id] : model["vocab"].items()) {
-    XF_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 &&
-                 id.get<int64_t>() < std::numeric_limits<int32_t>::max(),
-             where(file, "model.vocab"), ": id of '", token, "' is not a non-negative integer");
-    vocab_[token] = id.get<int64_t>();
-  }
-  if (model.contains("dropout") && !model["dropout"].is_null()) {
-    XF_CHECK(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0,
-             where(file, "model.dropout"), ": BPE dropout is not supported (it is random)");
-  }
-  if (model.contains("unk_token") && model["unk_token"].is_string()) {
-    unk_token_ = model["unk_token"].get<std::string>();
-  }
-  fuse_unk_ = bpe_detail::bool_field(model, "fuse_unk", false, file, "model");
-  byte_fallback_ = bpe_detail::bool_field(model, "byte_fallback", false, file, "model");
-  ignore_merges_ = bpe_detail::bool_field(model, "ignore_merges", false, file, "model");
-  if (model.contains("continuing_subword_prefix") &&
-      model["continuing_subword_prefix"].is_string()) {
-    continuing_subword_prefix_ = model["continuing_subword_prefix"].get<std::string>();
-  }
-  if (model.contains("end_of_word_suffix") && model["end_of_word_suffix"].is_string()) {
-    end_of_word_suffix_ = model["end_of_word_suffix"].get<std::string>();
-  }
-  XF_CHECK(model.contains("merges") && model["merges"].is_array(), where(file, "model.merges"),
-           " must be a list");
-  const Json& merges = model["merges"];
-  merges_.reserve(merges.size());
-  const auto vocab_id = [&](const std::string& token, size_t rank) {
-    const auto it = vocab_.find(token);
-    XF_CHECK(it != vocab_.end(), where(file, "model.merges[" + std::to_string(rank) + "]"), ": '",
-             token, "' is not in the vocabulary");
-    return it->second;
-  };
-  int64_t rank = 0;
-  for (size_t i = 0; i < merges.size(); ++i) {
-    const Json& merge = merges[i];
-    std::string a, b;
-    if (merge.is_string()) {
-      const std::string line = merge.get<std::string>();
-      if (line.rfind("#version", 0) == 0) continue;
-      const size_t space = line.find(' ');
-      XF_CHECK(space != std::string::npos && line.find(' ', space + 1) == std::string::npos,
-               where(file, "model.merges[" + std::to_string(i) + "]"), ": '", line,
-               "' is not two tokens separated by one space");
-      a = line.substr(0, space);
-      b = line.substr(space + 1);
-    } else {
-      XF_CHECK(
-          merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string(),
-          where(file, "model.merges[" + std::to_string(i) + "]"),
-          " must be \"a b\" or [\"a\", \"b\"]");
-      a = merge[0].get<std::string>();
-      b = merge[1].get<std::string>();
+  XF_CHECK(model_type == "BPE" || model_type == "Unigram", where(file, "model.type"), ": model '",
+           model_type, "' is not supported (BPE or Unigram)");
+  if (model_type == "Unigram") {
+    read_unigram(model);
+  } else {
+    XF_CHECK(model.contains("vocab") && model["vocab"].is_object(), where(file, "model.vocab"),
+             " must be an object token -> id");
+    vocab_.reserve(model["vocab"].size());
+    for (const auto& [token, id] : model["vocab"].items()) {
+      XF_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 &&
+                   id.get<int64_t>() < std::numeric_limits<int32_t>::max(),
+               where(file, "model.vocab"), ": id of '", token, "' is not a non-negative integer");
+      vocab_[token] = id.get<int64_t>();
     }
-    const size_t prefix = continuing_subword_prefix_.size();
-    XF_CHECK(b.size() >= prefix, where(file, "model.merges[" + std::to_string(i) + "]"), ": '", b,
-             "' is shorter than the continuing_subword_prefix");
-    const int64_t new_id = vocab_id(a + b.substr(prefix), i);
-    merges_[pair_key(vocab_id(a, i), vocab_id(b, i))] = {rank++, new_id};  // last rank wins
+    if (model.contains("dropout") && !model["dropout"].is_null()) {
+      XF_CHECK(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0,
+               where(file, "model.dropout"), ": BPE dropout is not supported (it is random)");
+    }
+    if (model.contains("unk_token") && model["unk_token"].is_string()) {
+      unk_token_ = model["unk_token"].get<std::string>();
+    }
+    fuse_unk_ = bpe_detail::bool_field(model, "fuse_unk", false, file, "model");
+    byte_fallback_ = bpe_detail::bool_field(model, "byte_fallback", false, file, "model");
+    ignore_merges_ = bpe_detail::bool_field(model, "ignore_merges", false, file, "model");
+    if (model.contains("continuing_subword_prefix") &&
+        model["continuing_subword_prefix"].is_string()) {
+      continuing_subword_prefix_ = model["continuing_subword_prefix"].get<std::string>();
+    }
+    if (model.contains("end_of_word_suffix") && model["end_of_word_suffix"].is_string()) {
+      end_of_word_suffix_ = model["end_of_word_suffix"].get<std::string>();
+    }
+    XF_CHECK(model.contains("merges") && model["merges"].is_array(), where(file, "model.merges"),
+             " must be a list");
+    const Json& merges = model["merges"];
+    merges_.reserve(merges.size());
+    const auto vocab_id = [&](const std::string& token, size_t rank) {
+      const auto it = vocab_.find(token);
+      XF_CHECK(it != vocab_.end(), where(file, "model.merges[" + std::to_string(rank) + "]"), ": '",
+               token, "' is not in the vocabulary");
+      return it->second;
+    };
+    int64_t rank = 0;
+    for (size_t i = 0; i < merges.size(); ++i) {
+      const Json& merge = merges[i];
+      std::string a, b;
+      if (merge.is_string()) {
+        const std::string line = merge.get<std::string>();
+        if (line.rfind("#version", 0) == 0) continue;
+        const size_t space = line.find(' ');
+        XF_CHECK(space != std::string::npos && line.find(' ', space + 1) == std::string::npos,
+                 where(file, "model.merges[" + std::to_string(i) + "]"), ": '", line,
+                 "' is not two tokens separated by one space");
+        a = line.substr(0, space);
+        b = line.substr(space + 1);
+      } else {
+        XF_CHECK(
+            merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string(),
+            where(file, "model.merges[" + std::to_string(i) + "]"),
+            " must be \"a b\" or [\"a\", \"b\"]");
+        a = merge[0].get<std::string>();
+        b = merge[1].get<std::string>();
+      }
+      const size_t prefix = continuing_subword_prefix_.size();
+      XF_CHECK(b.size() >= prefix, where(file, "model.merges[" + std::to_string(i) + "]"), ": '", b,
+               "' is shorter than the continuing_subword_prefix");
+      const int64_t new_id = vocab_id(a + b.substr(prefix), i);
+      merges_[pair_key(vocab_id(a, i), vocab_id(b, i))] = {rank++, new_id};  // last rank wins
+    }
   }
   // ---- normalizer, pre-tokenizer ----
   bpe_detail::read_normalizer(json.value("normalizer", Json()), file, "normalizer", *normalizer_);
@@ -647,6 +980,119 @@ BpeTokenizer::BpeTokenizer(const nlohmann::json& json, const std::filesystem::pa
       };
   read_processor(json.value("post_processor", Json()), "post_processor");
   model_max_length_ = std::numeric_limits<int64_t>::max();
+}
+
+void BpeTokenizer::read_unigram(const nlohmann::json& model) {
+  using bpe_detail::where;
+  model_kind_ = ModelKind::kUnigram;
+  XF_CHECK(model.contains("vocab") && model["vocab"].is_array() && !model["vocab"].empty(),
+           where(file_, "model.vocab"), " must be a non-empty list of [piece, score]");
+  const Json& vocab = model["vocab"];
+  XF_CHECK(vocab.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+           where(file_, "model.vocab"), ": ", vocab.size(), " pieces is too many");
+  vocab_.reserve(vocab.size());
+  unigram_scores_.reserve(vocab.size());
+  unigram_min_score_ = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < vocab.size(); ++i) {
+    const Json& entry = vocab[i];
+    XF_CHECK(entry.is_array() && entry.size() == 2 && entry[0].is_string() && entry[1].is_number(),
+             where(file_, "model.vocab[" + std::to_string(i) + "]"), " must be [piece, score]");
+    const std::string piece = entry[0].get<std::string>();
+    const double score = entry[1].get<double>();
+    XF_CHECK(std::isfinite(score), where(file_, "model.vocab[" + std::to_string(i) + "]"),
+             ": the score of '", piece, "' is not finite");
+    vocab_[piece] = static_cast<int64_t>(i);  // a repeated piece keeps its last id, as the library
+    unigram_scores_.push_back(score);
+    unigram_min_score_ = std::min(unigram_min_score_, score);
+    max_piece_bytes_ = std::max(max_piece_bytes_, piece.size());
+  }
+  if (model.contains("unk_id") && !model["unk_id"].is_null()) {
+    XF_CHECK(model["unk_id"].is_number_integer() && model["unk_id"].get<int64_t>() >= 0 &&
+                 model["unk_id"].get<int64_t>() < static_cast<int64_t>(vocab.size()),
+             where(file_, "model.unk_id"), " must be an id in [0, ", vocab.size(), ")");
+    unigram_unk_id_ = model["unk_id"].get<int64_t>();
+  }
+  byte_fallback_ = bpe_detail::bool_field(model, "byte_fallback", false, file_, "model");
+}
+
+// Unigram::encode_optimized: the best-scoring path through the lattice of vocabulary pieces (a
+// character no piece covers costs the lowest score minus 10 as unk), ties kept by the first
+// (longest) piece found; consecutive unknown pieces fuse into one, which becomes byte-fallback
+// pieces where the model has them, else the unk id.
+std::vector<int64_t> BpeTokenizer::unigram_word(const std::string& word) const {
+  std::vector<int64_t> ids;
+  if (word.empty()) return ids;
+  constexpr double kUnkPenalty = 10.0;
+  const double unk_score = unigram_min_score_ - kUnkPenalty;
+  struct Node {
+    double score = 0.0;
+    int64_t start = -1;
+    int64_t id = -1;
+  };
+  const size_t n = word.size();
+  std::vector<Node> best(n + 1);
+  const auto relax = [&best](size_t end, size_t start, int64_t id, double score) {
+    Node& node = best[end];
+    if (node.start < 0 || score > node.score) node = {score, static_cast<int64_t>(start), id};
+  };
+  for (size_t start = 0; start < n;) {
+    const double here = best[start].score;
+    size_t char_len = 0;
+    bpe_detail::decode_at(word, start, &char_len);
+    bool single = false;
+    for (size_t len = 1; len <= max_piece_bytes_ && start + len <= n; ++len) {
+      const auto it = vocab_.find(word.substr(start, len));
+      if (it == vocab_.end()) continue;
+      relax(start + len, start, it->second,
+            here + unigram_scores_[static_cast<size_t>(it->second)]);
+      single = single || len == char_len;
+    }
+    if (!single) {
+      XF_CHECK(unigram_unk_id_.has_value(), file_.string(),
+               ": the Unigram model has no unk_id and no piece covers the text at byte ", start,
+               " of '", word, "'");
+      relax(start + char_len, start, *unigram_unk_id_, here + unk_score);
+    }
+    start += char_len;
+  }
+  std::vector<std::string> pieces;
+  std::string unknown;  // fused run of unknown pieces, read backwards
+  for (size_t end = n; end > 0;) {
+    const Node& node = best[end];
+    const auto start = static_cast<size_t>(node.start);
+    if (unigram_unk_id_ && node.id == *unigram_unk_id_) {
+      unknown.insert(0, word, start, end - start);
+    } else {
+      if (!unknown.empty()) pieces.push_back(std::move(unknown));
+      unknown.clear();
+      pieces.push_back(word.substr(start, end - start));
+    }
+    end = start;
+  }
+  if (!unknown.empty()) pieces.push_back(std::move(unknown));
+  std::reverse(pieces.begin(), pieces.end());
+  for (const auto& piece : pieces) {
+    if (const auto it = vocab_.find(piece); it != vocab_.end()) {
+      ids.push_back(it->second);
+      continue;
+    }
+    if (byte_fallback_) {
+      std::vector<int64_t> bytes;
+      for (unsigned char b : piece) {
+        static const char* kHex = "0123456789ABCDEF";
+        const auto it = vocab_.find(std::string("<0x") + kHex[b >> 4] + kHex[b & 15] + ">");
+        if (it == vocab_.end()) break;
+        bytes.push_back(it->second);
+      }
+      if (bytes.size() == piece.size()) {
+        ids.insert(ids.end(), bytes.begin(), bytes.end());
+        continue;
+      }
+    }
+    XF_CHECK(unigram_unk_id_.has_value(), file_.string(), ": the Unigram model has no unk_id");
+    ids.push_back(*unigram_unk_id_);
+  }
+  return ids;
 }
 
 void BpeTokenizer::add_token(Added token) {
@@ -750,11 +1196,13 @@ std::vector<BpeTokenizer::Segment> BpeTokenizer::split_added(const std::string& 
         stop += len;
       }
     }
-    if (start_offset < start) out.push_back({text.substr(start_offset, start - start_offset), -1});
+    if (start_offset < start) {
+      out.push_back({text.substr(start_offset, start - start_offset), -1, start_offset == 0});
+    }
     out.push_back({std::string(), token.id});
     start_offset = stop;
   }
-  if (start_offset < text.size()) out.push_back({text.substr(start_offset), -1});
+  if (start_offset < text.size()) out.push_back({text.substr(start_offset), -1, start_offset == 0});
   return out;
 }
 
@@ -768,14 +1216,15 @@ std::vector<BpeTokenizer::Segment> BpeTokenizer::extract_and_normalize(
     }
     const std::string normalized = normalizer_->apply(raw.text);
     for (auto& piece : split_added(normalized, true)) {
+      piece.at_start = piece.at_start && raw.at_start;
       if (piece.id >= 0 || !piece.text.empty()) out.push_back(std::move(piece));
     }
   }
   return out;
 }
 
-std::vector<std::string> BpeTokenizer::pre_tokenize(const std::string& text) const {
-  return pre_tokenizer_->apply(text);
+std::vector<std::string> BpeTokenizer::pre_tokenize(const std::string& text, bool at_start) const {
+  return pre_tokenizer_->apply(text, at_start);
 }
 
 // BPE::merge_word + Word::merge_all: symbols from the characters (byte_fallback, unk, fuse_unk),
@@ -912,7 +1361,7 @@ const std::vector<int64_t>& BpeTokenizer::bpe(const std::string& word,
       return scratch;
     }
   }
-  scratch = merge_word(word);
+  scratch = model_kind_ == ModelKind::kUnigram ? unigram_word(word) : merge_word(word);
   std::lock_guard<std::mutex> lock(cache_mutex_);
   if (cache_.size() >= bpe_detail::kMaxCacheEntries) cache_.clear();
   cache_.emplace(word, scratch);
@@ -928,7 +1377,7 @@ std::vector<int64_t> BpeTokenizer::text_ids(const std::string& text) const {
       ids.push_back(segment.id);
       continue;
     }
-    for (const auto& word : pre_tokenize(segment.text)) {
+    for (const auto& word : pre_tokenize(segment.text, segment.at_start)) {
       const auto& word_ids = bpe(word, scratch);
       ids.insert(ids.end(), word_ids.begin(), word_ids.end());
     }
@@ -978,7 +1427,21 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_dir(const std::filesystem::path
   XF_CONTEXT("loading the tokenizer.json tokenizer in ", dir);
   const std::filesystem::path file = dir / "tokenizer.json";
   XF_CHECK(std::filesystem::exists(file), "tokenizer folder ", dir, " has no tokenizer.json");
-  auto tokenizer = std::make_unique<BpeTokenizer>(read_json_file(file), file);
+  nlohmann::json json = read_json_file(file);
+  std::string cls = tokenizer_class;
+  if (cls.empty() && std::filesystem::exists(dir / "tokenizer_config.json")) {
+    const nlohmann::json config = read_json_file(dir / "tokenizer_config.json");
+    if (config.is_object() && config.contains("tokenizer_class") &&
+        config["tokenizer_class"].is_string()) {
+      cls = config["tokenizer_class"].get<std::string>();
+    }
+  }
+  const auto is_class = [&cls](const char* name) {
+    return cls == name || cls == std::string(name) + "Fast";
+  };
+  if (is_class("CLIPTokenizer")) rebuild_as_clip(json, dir);
+  if (is_class("T5Tokenizer")) rebuild_as_t5(json);
+  auto tokenizer = std::make_unique<BpeTokenizer>(json, file);
   tokenizer->source_ = dir.string();
   read_folder_config(*tokenizer, dir, tokenizer_class);
   return tokenizer;
@@ -1106,10 +1569,14 @@ void BpeTokenizer::read_folder_config(BpeTokenizer& tok, const std::filesystem::
   if (base.size() > 4 && base.compare(base.size() - 4, 4, "Fast") == 0) {
     base.resize(base.size() - 4);
   }
-  enum class Family { kGeneric, kLlama, kQwen2 };
+  enum class Family { kGeneric, kLlama, kQwen2, kClip, kT5 };
   Family family = Family::kGeneric;
-  if (base.empty() || base == "PreTrainedTokenizer") {
-    family = Family::kGeneric;
+  if (base.empty() || base == "PreTrainedTokenizer" || base == "TokenizersBackend") {
+    family = Family::kGeneric;  // TokenizersBackend: transformers 5's name for tokenizer.json as is
+  } else if (base == "CLIPTokenizer") {
+    family = Family::kClip;
+  } else if (base == "T5Tokenizer") {
+    family = Family::kT5;
   } else if (base == "LlamaTokenizer" || base == "CodeLlamaTokenizer") {
     family = Family::kLlama;
   } else if (base == "Qwen2Tokenizer") {
@@ -1117,7 +1584,8 @@ void BpeTokenizer::read_folder_config(BpeTokenizer& tok, const std::filesystem::
   } else {
     XF_THROW(config_file.string(), ": tokenizer_class '", cls,
              "' is not supported with tokenizer.json (supported: PreTrainedTokenizerFast, "
-             "LlamaTokenizerFast, Qwen2TokenizerFast and their slow names)");
+             "TokenizersBackend, LlamaTokenizerFast, Qwen2TokenizerFast, CLIPTokenizer, "
+             "T5Tokenizer and their slow / fast names)");
   }
 
   const char* keys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
@@ -1135,13 +1603,39 @@ void BpeTokenizer::read_folder_config(BpeTokenizer& tok, const std::filesystem::
           std::string(key) == "pad_token") {
         specials[key] = "<|endoftext|>";
       }
+    } else if (family == Family::kClip) {
+      if (std::string(key) == "bos_token") specials[key] = "<|startoftext|>";
+      if (std::string(key) == "unk_token" || std::string(key) == "eos_token" ||
+          std::string(key) == "pad_token") {
+        specials[key] = "<|endoftext|>";
+      }
+    } else if (family == Family::kT5) {
+      if (std::string(key) == "eos_token") specials[key] = "</s>";
+      if (std::string(key) == "unk_token") specials[key] = "<unk>";
+      if (std::string(key) == "pad_token") specials[key] = "<pad>";
     }
   }
   std::vector<std::string> all_specials;
   for (const char* key : keys) {
     if (specials.count(key) && specials[key]) all_specials.push_back(*specials[key]);
   }
-  for (const auto& t : folder.additional_special_tokens()) all_specials.push_back(t);
+  std::vector<std::string> additional = folder.additional_special_tokens();
+  if (family == Family::kT5 &&
+      std::none_of(additional.begin(), additional.end(), [](const std::string& t) {
+        return t.find("<extra_id_") != std::string::npos;
+      })) {
+    // T5Tokenizer.__init__: extra_ids sentinel tokens <extra_id_0> ... when none are listed.
+    int64_t extra_ids = 100;
+    if (const auto it = folder.config.find("extra_ids"); it != folder.config.end()) {
+      XF_CHECK(it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() <= 100000,
+               config_file.string(), ": extra_ids must be an integer in [0, 100000]");
+      extra_ids = it->get<int64_t>();
+    }
+    for (int64_t i = 0; i < extra_ids; ++i) {
+      additional.push_back("<extra_id_" + std::to_string(i) + ">");
+    }
+  }
+  for (const auto& t : additional) all_specials.push_back(t);
 
   // PreTrainedTokenizerFast.__init__: the config's added_tokens_decoder entries the backend lacks
   // (or holds with other flags), then special tokens not yet added.
@@ -1220,6 +1714,18 @@ void BpeTokenizer::read_folder_config(BpeTokenizer& tok, const std::filesystem::
         v >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
   }
 
+  if (family == Family::kClip) {
+    // CLIPTokenizer: RobertaProcessing(sep = eos, cls = bos).
+    XF_CHECK(tokenizer->bos_id_ && tokenizer->eos_id_, config_file.string(),
+             ": CLIPTokenizer needs a bos_token and an eos_token in its vocabulary");
+    tokenizer->template_ = {
+        {false, {*tokenizer->bos_id_}}, {true, {}}, {false, {*tokenizer->eos_id_}}};
+  }
+  if (family == Family::kT5) {
+    // T5Tokenizer: TemplateProcessing "$A </s>" with the eos token's id.
+    XF_CHECK(tokenizer->eos_id_, config_file.string(), ": T5Tokenizer needs an eos_token");
+    tokenizer->template_ = {{true, {}}, {false, {*tokenizer->eos_id_}}};
+  }
   if (family == Family::kLlama) {
     // LlamaTokenizerFast.update_post_processor replaces tokenizer.json's post-processor.
     const auto prefix = folder.config.find("add_prefix_space");

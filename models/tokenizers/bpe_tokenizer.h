@@ -1,23 +1,29 @@
-// Byte-level BPE tokenizers read from Hugging Face's tokenizer.json (the "fast" format), equal to
-// the `tokenizers` library 0.19.1 behind transformers v4.44.2 PreTrainedTokenizerFast called as
+// Tokenizers read from Hugging Face's tokenizer.json (the "fast" format), equal to the `tokenizers`
+// library (0.19.1 behind transformers v4.44.2, 0.23.3 behind transformers 5.24) called as
 //   tokenizer(texts, padding="max_length", max_length=N, truncation=True).
-// Targets Llama 3 (HunyuanVideo's llava-llama-3 text encoder), Qwen2 / Qwen2.5 and Mistral's
-// tekken tokenizer.json. The pipeline, as the library runs it:
+// Targets Llama 3 (HunyuanVideo's llava-llama-3 text encoder), Qwen2 / Qwen2.5, Mistral's tekken
+// tokenizer.json, and the CLIP and T5 / UMT5 folders transformers 5 saves (tokenizer.json alone).
+// The pipeline, as the library runs it:
 //   1. added tokens with normalized=false are cut out of the raw text (leftmost-longest, with
 //      single_word / lstrip / rstrip), the rest is normalized (NFC, NFKC, Lowercase, Replace,
-//      Prepend, Sequence), then added tokens with normalized=true are cut out;
+//      Prepend, Strip, SentencePiece's Precompiled charsmap per grapheme cluster, Sequence), then
+//      added tokens with normalized=true are cut out;
 //   2. the pre-tokenizer splits each piece: Split (ICU regex with the Oniguruma meaning of the
 //      patterns these files use, or a literal; every SplitDelimiterBehavior, invert), ByteLevel
-//      (add_prefix_space, GPT-2's regex when use_regex, bytes_to_unicode), Sequence;
-//   3. BPE by merge rank (the library's priority-queue order), ignore_merges, byte_fallback
-//      (<0xXX>), unk_token / fuse_unk, continuing_subword_prefix, end_of_word_suffix, a per-word
-//      cache;
+//      (add_prefix_space, GPT-2's regex when use_regex, bytes_to_unicode), WhitespaceSplit,
+//      Metaspace (always / first / never prepend, split), Sequence;
+//   3. the model: BPE by merge rank (the library's priority-queue order), ignore_merges,
+//      byte_fallback (<0xXX>), unk_token / fuse_unk, continuing_subword_prefix,
+//      end_of_word_suffix; or Unigram (the best-scoring segmentation, unknown characters fused
+//      into one unk, byte_fallback); a per-word cache;
 //   4. the post-processor (TemplateProcessing's single template, Roberta, Bert, ByteLevel,
 //      Sequence) adds the special tokens; truncation drops text ids first so they always fit.
 // transformers' side comes from tokenizer_config.json / special_tokens_map.json: special tokens
 // missing from the added vocabulary are added (with the class's defaults, e.g. Qwen2's
 // <|endoftext|> pad), LlamaTokenizerFast rebuilds the template from add_bos_token /
-// add_eos_token, padding_side (LlamaTokenizerFast: left) and truncation_side.
+// add_eos_token, padding_side (LlamaTokenizerFast: left) and truncation_side. transformers 5's
+// CLIPTokenizer and T5Tokenizer keep only the file's vocabulary (and merges) and build the rest
+// as their class does (from_dir does the same).
 #pragma once
 
 #include <cstdint>
@@ -87,8 +93,9 @@ class BpeTokenizer : public Tokenizer {
 
  private:
   struct Segment {
-    std::string text;  // ordinary text (normalized)
-    int64_t id = -1;   // >= 0: an added token
+    std::string text;       // ordinary text (normalized)
+    int64_t id = -1;        // >= 0: an added token
+    bool at_start = false;  // ordinary text that starts at offset 0 of the input
   };
   struct TemplateItem {
     bool sequence = false;
@@ -102,15 +109,25 @@ class BpeTokenizer : public Tokenizer {
   void refresh_added();
   std::vector<Segment> split_added(const std::string& text, bool normalized) const;
   std::vector<Segment> extract_and_normalize(const std::string& text) const;
-  std::vector<std::string> pre_tokenize(const std::string& text) const;
+  std::vector<std::string> pre_tokenize(const std::string& text, bool at_start) const;
+  // The model's ids for one pre-tokenized word (cached): BPE merges or the Unigram lattice.
   const std::vector<int64_t>& bpe(const std::string& word, std::vector<int64_t>& scratch) const;
   std::vector<int64_t> merge_word(const std::string& word) const;
+  std::vector<int64_t> unigram_word(const std::string& word) const;
+  void read_unigram(const nlohmann::json& model);
 
   std::filesystem::path file_;
   std::unique_ptr<bpe_detail::Normalizer> normalizer_;
   std::unique_ptr<bpe_detail::PreTokenizer> pre_tokenizer_;
 
+  // BPE (merges by rank) or Unigram (the best-scoring segmentation, SentencePiece's model).
+  enum class ModelKind { kBpe, kUnigram };
+  ModelKind model_kind_ = ModelKind::kBpe;
   std::unordered_map<std::string, int64_t> vocab_;
+  std::vector<double> unigram_scores_;  // by id
+  std::optional<int64_t> unigram_unk_id_;
+  double unigram_min_score_ = 0.0;
+  size_t max_piece_bytes_ = 0;
   std::vector<std::string> id_to_token_;  // model ids (empty strings where the vocab has holes)
   std::unordered_map<uint64_t, std::pair<int64_t, int64_t>> merges_;  // (a, b) -> (rank, new id)
   std::optional<std::string> unk_token_;

@@ -106,17 +106,25 @@ bool TokenizerFolder::mentions(const std::string& key) const {
 }
 
 std::vector<std::string> TokenizerFolder::additional_special_tokens() const {
+  // transformers 5 writes the list as extra_special_tokens (a dict there names model-specific
+  // tokens, e.g. {"image_token": "<image>"}: its values are special tokens too).
   const nlohmann::json* list = nullptr;
-  if (special_map_.contains("additional_special_tokens")) {
-    list = &special_map_["additional_special_tokens"];
-  } else if (config.contains("additional_special_tokens")) {
-    list = &config["additional_special_tokens"];
+  std::string key;
+  for (const char* name : {"additional_special_tokens", "extra_special_tokens"}) {
+    if (list != nullptr) break;
+    if (special_map_.contains(name)) {
+      list = &special_map_[name];
+    } else if (config.contains(name)) {
+      list = &config[name];
+    }
+    key = name;
   }
   std::vector<std::string> out;
   if (list == nullptr || list->is_null()) return out;
-  XF_CHECK(list->is_array(), "additional_special_tokens must be a list");
-  for (const auto& entry : *list) {
-    if (auto content = token_content(entry, "additional_special_tokens")) out.push_back(*content);
+  XF_CHECK(list->is_array() || (key == "extra_special_tokens" && list->is_object()),
+           (dir / "tokenizer_config.json").string(), ": ", key, " must be a list");
+  for (const auto& [name, entry] : list->items()) {
+    if (auto content = token_content(entry, key)) out.push_back(*content);
   }
   return out;
 }

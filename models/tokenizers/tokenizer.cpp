@@ -83,13 +83,16 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir,
   if (t5_class && fs::exists(dir / "spiece.model")) return T5Tokenizer::from_dir(dir);
   // ByT5 has no vocabulary file: its class (tokenizer_config.json or the caller's) decides.
   if (starts_with("ByT5Tokenizer")) return ByT5Tokenizer::from_dir(dir);
-  // A CLIP or T5 class reads its slow tokenizer's files, never tokenizer.json.
-  XF_CHECK(cls.empty() || !starts_with("CLIPTokenizer"), "tokenizer folder ", dir,
-           ": tokenizer_class ", cls, " needs vocab.json + merges.txt (",
+  // A CLIP or T5 class reads its slow tokenizer's files when the folder has them (the classes of
+  // transformers 4); a folder saved by transformers 5 holds only tokenizer.json, read as
+  // transformers 5's class reads it.
+  const bool has_json = fs::exists(dir / "tokenizer.json");
+  XF_CHECK(has_json || cls.empty() || !starts_with("CLIPTokenizer"), "tokenizer folder ", dir,
+           ": tokenizer_class ", cls, " needs tokenizer.json or vocab.json + merges.txt (",
            fs::exists(dir / "vocab.json") ? "merges.txt" : "vocab.json", " is missing)");
-  XF_CHECK(cls.empty() || !starts_with("T5Tokenizer"), "tokenizer folder ", dir,
-           ": tokenizer_class ", cls, " needs spiece.model");
-  if (fs::exists(dir / "tokenizer.json")) return BpeTokenizer::from_dir(dir, tokenizer_class);
+  XF_CHECK(has_json || cls.empty() || !starts_with("T5Tokenizer"), "tokenizer folder ", dir,
+           ": tokenizer_class ", cls, " needs tokenizer.json or spiece.model");
+  if (has_json) return BpeTokenizer::from_dir(dir, cls);
   // Qwen2Tokenizer's save_pretrained writes no tokenizer.json: build it from the slow files.
   if (starts_with("Qwen2Tokenizer")) {
     XF_CHECK(fs::exists(dir / "vocab.json") || fs::exists(dir / "merges.txt"), "tokenizer folder ",

@@ -67,7 +67,9 @@ class Tokenizer {
 // vocab.json + merges.txt with no class or a CLIP class -> CLIP; spiece.model with no class or a
 // T5 class -> T5; a ByT5Tokenizer class -> ByT5 (byt5_tokenizer.h, no vocabulary file);
 // otherwise tokenizer.json -> BpeTokenizer (Qwen2.5 folders carry vocab.json +
-// merges.txt too: their class decides); a Qwen2Tokenizer(Fast) class without tokenizer.json ->
+// merges.txt too: their class decides; a CLIP or T5 folder saved by transformers 5 has only
+// tokenizer.json, read as transformers 5's class reads it); a Qwen2Tokenizer(Fast) class without
+// tokenizer.json ->
 // BpeTokenizer::from_qwen2_slow_dir (vocab.json + merges.txt + tokenizer_config.json).
 // tokenizer_class, when given, overrides the config's (as diffusers' model_index.json does). Throws
 // xfuser::Error naming the folder when none fits.

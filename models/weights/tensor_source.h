@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -53,5 +54,34 @@ class TensorMapSource : public TensorSource {
   std::map<std::string, at::Tensor> tensors_;
   std::string label_;
 };
+
+// A view of another source with `inserted` put after `at` in the names that start with `at`
+// (all names when `at` is empty): a checkpoint saved without a wrapper module's prefix read by the
+// module that has it. transformers 5 saves CLIPTextModel and CLIPVisionModel without their
+// "text_model." / "vision_model." prefix. Names outside `at` pass through unchanged.
+class InsertedPrefixSource : public TensorSource {
+ public:
+  InsertedPrefixSource(const TensorSource& base, std::string at, std::string inserted)
+      : base_(base), at_(std::move(at)), inserted_(std::move(inserted)) {}
+  std::vector<std::string> names() const override;
+  bool contains(const std::string& name) const override;
+  TensorInfo info(const std::string& name) const override;
+  at::Tensor get(const std::string& name) const override;
+  at::Tensor get_slice(const std::string& name, int64_t dim, int64_t start,
+                       int64_t length) const override;
+  std::string describe() const override { return base_.describe(); }
+
+ private:
+  // The base name of a view name; a name under `at` without `inserted` has none (an empty
+  // string). `checked`: throw naming the tensor instead.
+  std::string to_base(const std::string& name, bool checked = false) const;
+
+  const TensorSource& base_;
+  std::string at_;
+  std::string inserted_;
+};
+
+// Whether any name of the source starts with `prefix`.
+bool has_prefix(const TensorSource& source, const std::string& prefix);
 
 }  // namespace xfuser::models
