@@ -54,6 +54,27 @@ TEST(PipelineParity, Wan22ImageToVideoTwoExperts) {
 // its tokens joined to the generated ones; one and two prompts, distilled guidance and true CFG.
 TEST(PipelineParity, FluxKontext) { check_pipeline("kontext-tiny"); }
 
+// Every tiny pipeline loaded and saved again by diffusers 0.42.1 / transformers 5.24 (configs of
+// today's releases, CLIP and T5 tokenizers as tokenizer.json alone, CLIPTextModel weights without
+// their text_model. prefix, Wan's scheduler now from_one) against that release's final latents.
+class ResavedByDiffusers0421 : public ::testing::TestWithParam<std::string> {};
+TEST_P(ResavedByDiffusers0421, EqualsItsFinalLatents) {
+  xfuser::testing::check_resaved_pipeline(GetParam(), "0.42.1");
+}
+INSTANTIATE_TEST_SUITE_P(Pipelines, ResavedByDiffusers0421,
+                         ::testing::Values("flux-tiny", "kontext-tiny", "sd3-tiny",
+                                           "sd3-tiny-no-t5", "wan-t2v-tiny", "wan-i2v-tiny",
+                                           "wan22-t2v-tiny", "wan22-i2v-tiny", "hunyuan-video-tiny",
+                                           "hunyuan_video15-tiny", "hunyuan_video15-i2v-tiny",
+                                           "flux2-tiny"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string id = info.param;
+                           for (char& c : id) {
+                             if (c == '-') c = '_';
+                           }
+                           return id;
+                         });
+
 TEST(PipelineParity, KontextPreferredResolutionsAndOutputSizeAsDiffusers) {
   using xfuser::models::flux::FluxModel;
   using Size = std::pair<int64_t, int64_t>;

@@ -125,10 +125,11 @@ std::vector<std::string> strings(const nlohmann::json& j) {
 }  // namespace
 
 void check_pipeline(const std::string& name, const std::filesystem::path& given_folder,
-                    c10::Device device) {
+                    c10::Device device, const std::filesystem::path& given_refs) {
   namespace fs = std::filesystem;
   const fs::path folder = given_folder.empty() ? fixtures_dir() / "pipelines" / name : given_folder;
-  const fs::path refs = fixtures_dir() / "pipelines" / (name + ".ref");
+  const fs::path refs =
+      given_refs.empty() ? fixtures_dir() / "pipelines" / (name + ".ref") : given_refs;
   XF_REQUIRE_FIXTURE(folder);
   XF_REQUIRE_FIXTURE(refs);
   const auto& spec = models::ModelRegistry::for_pipeline_folder(folder);
@@ -192,6 +193,29 @@ void check_pipeline(const std::string& name, const std::filesystem::path& given_
     ++cases;
   }
   EXPECT_GT(cases, 0) << "no reference cases under " << refs;
+}
+
+void check_resaved_pipeline(const std::string& name, const std::string& version) {
+  namespace fs = std::filesystem;
+  const fs::path original = fixtures_dir() / "pipelines" / name;
+  const fs::path overlay = fixtures_dir() / ("pipelines-v" + version) / name;
+  const fs::path refs = fixtures_dir() / ("pipelines-v" + version) / (name + ".ref");
+  XF_REQUIRE_FIXTURE(original);
+  XF_REQUIRE_FIXTURE(overlay / "removed.json");
+  TempDir tmp("xfuser-resaved");
+  const fs::path folder = tmp / name;
+  fs::copy(original, folder, fs::copy_options::recursive);
+  std::ifstream in(overlay / "removed.json");
+  const auto listing = nlohmann::json::parse(in);
+  for (const auto& file : listing["removed"]) {
+    ASSERT_TRUE(fs::remove(folder / file.get<std::string>())) << file;
+  }
+  for (const auto& file : listing["changed"]) {
+    const fs::path rel = file.get<std::string>();
+    fs::create_directories((folder / rel).parent_path());
+    fs::copy_file(overlay / rel, folder / rel, fs::copy_options::overwrite_existing);
+  }
+  check_pipeline(name, folder, c10::Device(c10::kCPU), refs);
 }
 
 }  // namespace xfuser::testing

@@ -61,9 +61,17 @@ std::map<std::string, at::Tensor> read_tensors(const std::filesystem::path& path
 // relative and the decoded pixels within 1 level (gtest failures).
 // `folder`, when given, is the pipeline folder instead of pipelines/<name>/ (a committed model
 // outside the fixtures, as tiny-shapes). `device`: where the model loads and runs (the checked
-// device of tests/checked_device.h, a GPU).
+// device of tests/checked_device.h, a GPU). `refs`, when given, holds the cases instead of
+// pipelines/<name>.ref/.
 void check_pipeline(const std::string& name, const std::filesystem::path& folder = {},
-                    c10::Device device = c10::Device(c10::kCPU));
+                    c10::Device device = c10::Device(c10::kCPU),
+                    const std::filesystem::path& refs = {});
+
+// pipelines/<name> as a newer diffusers / transformers saved it again: pipelines-v<version>/<name>
+// holds the files that save wrote differently and removed.json the ones it no longer wrote; they
+// are laid over a copy of pipelines/<name> in a temporary folder, which must give that release's
+// final latents (pipelines-v<version>/<name>.ref) as check_pipeline does.
+void check_resaved_pipeline(const std::string& name, const std::string& version);
 
 // Fails unless `fn` throws an xfuser::Error whose text contains every needle.
 void expect_error_containing(const std::function<void()>& fn,

@@ -122,9 +122,14 @@ void HunyuanVideoModel::load_components(const fs::path& dir, const ModelLoadOpti
   };
   tokenizer_ = tokenizers::load_tokenizer(dir / "tokenizer", index_class("tokenizer"));
   tokenizer_2_ = tokenizers::load_tokenizer(dir / "tokenizer_2", index_class("tokenizer_2"));
-  XF_CHECK(tokenizer_2_->kind() == "clip", (dir / "tokenizer_2").string(),
-           ": HunyuanVideo's tokenizer_2 must be CLIP's (vocab.json + merges.txt), got a ",
-           tokenizer_2_->kind(), " tokenizer");
+  // CLIP's: its slow files, or (as transformers 5 saves it) tokenizer.json read as CLIPTokenizer.
+  const std::string class_2 = index_class("tokenizer_2");
+  XF_CHECK(
+      tokenizer_2_->kind() == "clip" || class_2.rfind("CLIPTokenizer", 0) == 0,
+      (dir / "tokenizer_2").string(),
+      ": HunyuanVideo's tokenizer_2 must be CLIP's (vocab.json + merges.txt, or tokenizer.json "
+      "with model_index.json naming CLIPTokenizer), got a ",
+      tokenizer_2_->kind(), " tokenizer", class_2.empty() ? "" : " of class " + class_2);
   // crop_start as diffusers computes it when the template gives none: the template's tokens
   // (special tokens added) minus the "{}" and the closing <|eot_id|>.
   const int64_t template_tokens =
@@ -415,6 +420,7 @@ std::vector<ModelSpec> model_specs() {
   hv.parallelism.tensor_parallel = true;
   hv.parallelism.parallel_vae = true;
   hv.maturity = "experimental";
+  hv.checked_against = "diffusers 0.33.1 and 0.42.1, transformers 4.44.2 and 5.24.0";
   hv.description =
       "HunyuanVideo 13B text-to-video: Llama 3 (LLaVA) + CLIP-L text, dual- then single-stream "
       "DiT with a token refiner and 3D RoPE, embedded guidance, causal 3D VAE; MP4 output";

@@ -7,6 +7,7 @@
 
 #include "backends/error.h"
 #include "models/schedulers/scheduler_config.h"
+#include "models/weights/hub_cache.h"
 
 namespace xfuser::models::schedulers {
 namespace {
@@ -67,14 +68,7 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
   c.flow_shift = config_value<double>(json, "flow_shift", c.flow_shift);
   c.steps_offset = config_value<int64_t>(json, "steps_offset", c.steps_offset);
   c.rescale_betas_zero_snr = config_value<bool>(json, "rescale_betas_zero_snr", false);
-  if (auto it = json.find("_diffusers_version"); it != json.end() && it->is_string()) {
-    // "0.33.0.dev0" -> (0, 33); a version that does not parse keeps today's schedule.
-    int major = 0, minor = 0;
-    if (std::sscanf(it->get<std::string>().c_str(), "%d.%d", &major, &minor) == 2 &&
-        (major == 0 && minor < 42)) {
-      c.flow_sigmas = FlowSigmas::kReference;
-    }
-  }
+  if (saved_before_diffusers(json, 0, 42)) c.flow_sigmas = FlowSigmas::kReference;
 
   const auto schedule = config_value<std::string>(json, "beta_schedule", "linear");
   if (schedule == "linear") {

@@ -58,6 +58,7 @@ void SD3Model::load_components(const fs::path& dir, const ModelLoadOptions& opti
              "/ folder (listed in model_index.json)");
   }
   const bool t5 = listed(index, "text_encoder_3");
+  zeros_for_max_sequence_length_ = !saved_before_diffusers(index, 0, 36);
   XF_CHECK(t5 == listed(index, "tokenizer_3"), index_path,
            ": text_encoder_3 and tokenizer_3 must be given together (or both null)");
   scheduler_config_ = dir / "scheduler" / "scheduler_config.json";
@@ -136,8 +137,11 @@ std::pair<at::Tensor, at::Tensor> SD3Model::embed_prompts(const std::vector<std:
     at::Tensor ids = ids_tensor(tokenizer_3_->encode(prompts, max_sequence_length));
     t5 = text_encoder_3_->call("forward", {{"input_ids", ids}}).at("last_hidden_state");
   } else {
-    // Without T5 the pipeline uses zeros [B, tokenizer_max_length, joint_attention_dim].
-    t5 = at::zeros({b, tokenizer_max_length_, joint}, clip_l.options());
+    // Without T5 the pipeline uses zeros [B, L, joint_attention_dim]: L = max_sequence_length
+    // since diffusers 0.36, tokenizer_max_length (77) before; the folder's release decides.
+    const int64_t length =
+        zeros_for_max_sequence_length_ ? max_sequence_length : tokenizer_max_length_;
+    t5 = at::zeros({b, length, joint}, clip_l.options());
   }
   at::Tensor clip = at::cat({clip_l, clip_g}, -1);  // [B, 77, 768 + 1280]
   XF_CHECK(clip.size(-1) <= t5.size(-1), "the CLIP hidden sizes ", clip_l.size(-1), " + ",
@@ -276,6 +280,7 @@ std::vector<ModelSpec> model_specs() {
   large.parallelism.tensor_parallel = true;
   large.parallelism.parallel_vae = true;
   large.maturity = "experimental";
+  large.checked_against = "diffusers 0.33.1 and 0.42.1, transformers 4.44.2 and 5.24.0";
   large.description =
       "Stable Diffusion 3.5 Large: MMDiT with QK norms, CLIP-L + CLIP-G + T5-XXL, true CFG";
   large.create = create;

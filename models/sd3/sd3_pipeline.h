@@ -71,6 +71,9 @@ class SD3Model : public dit::DiTPipeline {
   std::unique_ptr<tokenizers::Tokenizer> tokenizer_, tokenizer_2_, tokenizer_3_;
   std::filesystem::path scheduler_config_;
   int tokenizer_max_length_ = 77;
+  // Without T5: zeros as long as max_sequence_length (model_index.json from diffusers >= 0.36),
+  // else tokenizer_max_length.
+  bool zeros_for_max_sequence_length_ = true;
 };
 
 // ModelSpec::check_run: the generic DiT check with SD3's patch tokens, CLIP + T5 text length,

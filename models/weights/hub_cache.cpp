@@ -1,5 +1,6 @@
 #include "models/weights/hub_cache.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -88,6 +89,16 @@ void check_pipeline_folder(const fs::path& dir) {
   XF_CHECK(fs::exists(dir / "model_index.json", ec), "model folder ", dir.string(),
            " has no model_index.json: expected a diffusers pipeline folder (model_index.json, "
            "scheduler/, text_encoder/, tokenizer/, transformer/, vae/, ...)");
+}
+
+bool saved_before_diffusers(const nlohmann::json& config, int major, int minor) {
+  const auto it = config.find("_diffusers_version");
+  if (!config.is_object() || it == config.end() || !it->is_string()) return false;
+  int got_major = 0, got_minor = 0;
+  if (std::sscanf(it->get<std::string>().c_str(), "%d.%d", &got_major, &got_minor) != 2) {
+    return false;
+  }
+  return got_major < major || (got_major == major && got_minor < minor);
 }
 
 nlohmann::json read_model_index(const fs::path& dir) {

@@ -32,4 +32,10 @@ void check_pipeline_folder(const std::filesystem::path& dir);
 // component). Errors name the file, the entry and what was expected.
 nlohmann::json read_model_index(const std::filesystem::path& dir);
 
+// Whether the diffusers release that wrote a config (model_index.json, scheduler_config.json:
+// its "_diffusers_version") is older than major.minor, for behaviour that changed between
+// releases: "0.41.1" and "0.33.0.dev0" are before 0.42. A config without the key, or with one
+// that does not parse, counts as written by today's release (false).
+bool saved_before_diffusers(const nlohmann::json& config, int major, int minor);
+
 }  // namespace xfuser::models
