@@ -80,6 +80,9 @@ struct ModelSpec {
   // Optional xfuser-run flags this model honours ("--negative_prompt", "--true_cfg_scale", ...).
   std::set<std::string> options;
   std::string maturity;  // "stable", "experimental"
+  // The diffusers / transformers releases whose saved folders and outputs the family's tests
+  // check this model's pipeline against (docs/models.md).
+  std::string checked_against;
   std::string description;
   std::function<std::unique_ptr<XFuserModel>(const ModelSpec&)> create;
   // Checks a layout against the pipeline folder's configs and weight headers (no tensor data is

@@ -321,6 +321,7 @@ std::vector<ModelSpec> model_specs() {
   dev.parallelism.tensor_parallel = true;
   dev.parallelism.parallel_vae = true;
   dev.maturity = "stable";
+  dev.checked_against = "diffusers 0.33.1 and 0.42.1, transformers 4.44.2 and 5.24.0";
   dev.description = "FLUX.1 [dev], 12B rectified-flow transformer, distilled guidance";
   dev.create = create;
   dev.check_run = check_flux_run;
@@ -351,6 +352,7 @@ std::vector<ModelSpec> model_specs() {
   kontext.defaults = {1024, 1024, 50, 2.5, 256, 0};
   kontext.options.insert("--input_images");
   kontext.maturity = "experimental";
+  kontext.checked_against = "diffusers 0.35.2 and 0.42.1, transformers 4.44.2 and 5.24.0";
   kontext.description =
       "FLUX.1 Kontext [dev]: image editing; the picture's VAE tokens (ids on their own first "
       "axis) join the generated ones in attention";

@@ -376,6 +376,7 @@ std::vector<ModelSpec> model_specs() {
   dev.parallelism.tensor_parallel = true;
   dev.parallelism.parallel_vae = true;
   dev.maturity = "experimental";
+  dev.checked_against = "diffusers 0.36.0 and 0.42.1, transformers 4.57.1 and 5.24.0";
   dev.description =
       "FLUX.2 [dev]: Mistral-Small-3.1 text encoder (hidden states 10/20/30), double- then "
       "single-stream DiT with shared modulation and 4-axis RoPE, embedded guidance, 32-channel "

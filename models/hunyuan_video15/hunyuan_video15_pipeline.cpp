@@ -527,6 +527,7 @@ std::vector<ModelSpec> model_specs() {
   hv.parallelism.pipefusion = true;
   hv.parallelism.parallel_vae = true;
   hv.maturity = "experimental";
+  hv.checked_against = "diffusers 0.36.0 and 0.42.1, transformers 4.57.1 and 5.24.0";
   hv.description =
       "HunyuanVideo-1.5 8.3B text-to-video: Qwen2.5-VL text + ByT5 glyph encoder, dual-stream "
       "DiT with a token refiner and 3D RoPE, classifier-free guidance from the folder's guider, "

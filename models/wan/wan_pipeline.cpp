@@ -491,6 +491,7 @@ std::vector<ModelSpec> model_specs() {
   t2v.parallelism.tensor_parallel = true;
   t2v.parallelism.parallel_vae = true;
   t2v.maturity = "experimental";
+  t2v.checked_against = "diffusers 0.33.1 and 0.42.1, transformers 4.44.2 and 5.24.0";
   t2v.description =
       "Wan 2.1 text-to-video 14B: UMT5-XXL, 3D RoPE DiT with cross-attention, causal 3D VAE, "
       "UniPC, true CFG; MP4 output";
@@ -548,6 +549,7 @@ std::vector<ModelSpec> model_specs() {
 
   ModelSpec t2v_22 = t2v;
   t2v_22.id = "Wan2.2-T2V";
+  t2v_22.checked_against = "diffusers 0.35.2 and 0.42.1, transformers 4.44.2 and 5.24.0";
   t2v_22.aliases = {"Wan-AI/Wan2.2-T2V-A14B-Diffusers", "Wan2.2-T2V-A14B"};
   t2v_22.hf_repo = "Wan-AI/Wan2.2-T2V-A14B-Diffusers";
   t2v_22.options.insert("--guidance_scale_2");
@@ -560,6 +562,7 @@ std::vector<ModelSpec> model_specs() {
 
   ModelSpec i2v_22 = i2v;
   i2v_22.id = "Wan2.2-I2V";
+  i2v_22.checked_against = "diffusers 0.35.2 and 0.42.1, transformers 4.44.2 and 5.24.0";
   i2v_22.aliases = {"Wan-AI/Wan2.2-I2V-A14B-Diffusers", "Wan2.2-I2V-A14B"};
   i2v_22.hf_repo = "Wan-AI/Wan2.2-I2V-A14B-Diffusers";
   i2v_22.options.insert("--guidance_scale_2");

@@ -55,6 +55,10 @@ std::string models_doc() {
     if (!s.description.empty()) os << s.description << "\n\n";
     os << "- task: " << models::to_string(s.task) << "\n";
     os << "- maturity: " << s.maturity << "\n";
+    if (!s.checked_against.empty()) {
+      os << "- checked against: " << s.checked_against
+         << " (tiny pipeline folders saved by each, final latents from the same initial ones)\n";
+    }
     if (!s.aliases.empty()) os << "- aliases: `" << join(s.aliases, "`, `") << "`\n";
     std::string weights = "--model_path only";
     if (s.id == "tiny-shapes") {  // the one embedded model whose weights are trained
