@@ -43,6 +43,23 @@ TEST(PipelineParity, Wan22TextToVideoTwoExperts) {
   EXPECT_EQ(ModelRegistry::for_pipeline_folder(folder).id, "Wan2.2-T2V");
   check_pipeline("wan22-t2v-tiny");
 }
+// A boundary_ratio without the transformer_2 it hands the low-noise steps to is refused, naming
+// the key (diffusers would fail at the first low-noise step).
+TEST(PipelineParity, WanBoundaryRatioWithoutSecondExpertIsNamed) {
+  const fs::path src = xfuser::testing::fixtures_dir() / "pipelines" / "wan-t2v-tiny";
+  XF_REQUIRE_FIXTURE(src);
+  xfuser::testing::TempDir tmp("xfuser-wan-boundary");
+  const fs::path folder = tmp / "wan";
+  fs::copy(src, folder, fs::copy_options::recursive);
+  auto index = xfuser::testing::read_json(folder / "model_index.json");
+  index["boundary_ratio"] = 0.875;
+  std::ofstream(folder / "model_index.json") << index.dump(2);
+  const auto& spec = ModelRegistry::for_pipeline_folder(folder);
+  auto model = spec.create(spec);
+  xfuser::testing::expect_error_containing(
+      [&] { model->load(folder, xfuser::models::ModelLoadOptions{}); },
+      {"model_index.json", "boundary_ratio = 0.875 without a transformer_2"});
+}
 TEST(PipelineParity, Wan22ImageToVideoTwoExperts) {
   const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / "wan22-i2v-tiny";
   XF_REQUIRE_FIXTURE(folder);

@@ -193,9 +193,18 @@ TEST(FlowMatchEuler, Errors) {
   FlowMatchEulerDiscreteScheduler needs_mu(dynamic);
   EXPECT_THROW(needs_mu.set_timesteps(4), xfuser::Error);
 
-  for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas"}) {
+  for (const char* key :
+       {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "stochastic_sampling"}) {
     EXPECT_THROW(FlowMatchEulerConfig::from_json({{key, true}}), xfuser::Error) << key;
     EXPECT_NO_THROW(FlowMatchEulerConfig::from_json({{key, false}})) << key;
+  }
+  // Read from a file, every error names the file as well as the key.
+  {
+    xfuser::testing::TempDir dir("xfuser-scheduler");
+    std::ofstream(dir / "scheduler_config.json") << R"({"stochastic_sampling": true})";
+    xfuser::testing::expect_error_containing(
+        [&] { FlowMatchEulerConfig::from_file(dir.path()); },
+        {"stochastic_sampling=true is not supported", (dir / "scheduler_config.json").string()});
   }
   EXPECT_THROW(FlowMatchEulerConfig::from_json({{"time_shift_type", "cubic"}}), xfuser::Error);
   EXPECT_THROW(FlowMatchEulerConfig::from_json({{"_class_name", "DDIMScheduler"}}), xfuser::Error);

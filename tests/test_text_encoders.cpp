@@ -403,6 +403,10 @@ TEST(TextEncoderConfig, FeedForwardProjAndActivations) {
     T5EncoderConfig::from_json({{"feed_forward_proj", "gated-gelu-x"}}, "c.json", false);
   });
   EXPECT_NE(msg.find("feed_forward_proj 'gated-gelu-x'"), std::string::npos) << msg;
+  // A decoder's config builds other layers than the encoder's: refused, never run as an encoder.
+  EXPECT_NO_THROW(T5EncoderConfig::from_json({{"is_decoder", false}}, "c.json", false));
+  msg = load_error([&] { T5EncoderConfig::from_json({{"is_decoder", true}}, "c.json", true); });
+  EXPECT_NE(msg.find("c.json: is_decoder = true is not supported"), std::string::npos) << msg;
   msg = load_error([&] { ClipTextConfig::from_json({{"hidden_act", "mish"}}, "c.json"); });
   EXPECT_NE(msg.find("unsupported activation 'mish' in c.json \"hidden_act\""), std::string::npos)
       << msg;

@@ -322,6 +322,33 @@ TEST(AutoencoderKLWan, ConfigErrorsAndDefaults) {
         WanVAEConfig::from_json({{"base_dim", "96"}}, "c.json");
       },
       {"c.json", "base_dim"});
+  // Wan 2.2's TI2V VAE settings are not built: named, not ignored. Wan 2.1's values (which
+  // diffusers 0.42 writes into every AutoencoderKLWan config) load.
+  EXPECT_NO_THROW(WanVAEConfig::from_json({{"decoder_base_dim", nullptr},
+                                           {"is_residual", false},
+                                           {"in_channels", 3},
+                                           {"out_channels", 3},
+                                           {"patch_size", nullptr},
+                                           {"scale_factor_temporal", 4},
+                                           {"scale_factor_spatial", 8}},
+                                          "c.json"));
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, nlohmann::json>>{{"decoder_base_dim", 256},
+                                                           {"is_residual", true},
+                                                           {"in_channels", 12},
+                                                           {"out_channels", 12},
+                                                           {"patch_size", 2}}) {
+    expect_error_containing(
+        [&] {
+          WanVAEConfig::from_json({{key, value}}, "c.json");
+        },
+        {"c.json: " + key + " = " + value.dump() + " is not supported"});
+  }
+  expect_error_containing(
+      [] {
+        WanVAEConfig::from_json({{"scale_factor_spatial", 16}}, "c.json");
+      },
+      {"c.json: scale_factor_spatial = 16 disagrees with the architecture"});
 }
 
 }  // namespace

@@ -65,7 +65,10 @@ FlowMatchEulerConfig FlowMatchEulerConfig::from_json(const nlohmann::json& json)
     c.shift_terminal = config_value<double>(json, "shift_terminal", 0.0);
     XF_CHECK(*c.shift_terminal != 1.0, "scheduler config: shift_terminal must not be 1");
   }
-  for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas"}) {
+  // stochastic_sampling: diffusers re-noises each step (x0 + sigma_next * noise) instead of the
+  // Euler step; not built.
+  for (const char* key :
+       {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "stochastic_sampling"}) {
     XF_CHECK(!config_value<bool>(json, key, false), "scheduler config: ", key,
              "=true is not supported by ", kFlowMatchClassName, " here");
   }
@@ -87,7 +90,9 @@ FlowMatchEulerConfig FlowMatchEulerConfig::from_json(const nlohmann::json& json)
 }
 
 FlowMatchEulerConfig FlowMatchEulerConfig::from_file(const std::filesystem::path& path) {
-  return from_json(read_scheduler_config(path));
+  const nlohmann::json json = read_scheduler_config(path);
+  XF_CONTEXT("reading the scheduler config ", scheduler_config_file(path));  // names the file
+  return from_json(json);
 }
 
 double calculate_shift(int64_t image_seq_len, int64_t base_seq_len, int64_t max_seq_len,

@@ -4,8 +4,12 @@
 
 namespace xfuser::models::schedulers {
 
+std::filesystem::path scheduler_config_file(const std::filesystem::path& path) {
+  return std::filesystem::is_directory(path) ? path / "scheduler_config.json" : path;
+}
+
 nlohmann::json read_scheduler_config(const std::filesystem::path& path) {
-  const auto file = std::filesystem::is_directory(path) ? path / "scheduler_config.json" : path;
+  const auto file = scheduler_config_file(path);
   XF_CONTEXT("reading the scheduler config ", file);
   std::ifstream in(file);
   XF_CHECK(in.good(), "cannot open ", file);

@@ -13,6 +13,8 @@
 namespace xfuser::models::schedulers {
 
 // `path` itself, or path/scheduler_config.json when it is a folder, parsed (errors name the file).
+// The file a scheduler path names: path/scheduler_config.json for a folder, else path itself.
+std::filesystem::path scheduler_config_file(const std::filesystem::path& path);
 nlohmann::json read_scheduler_config(const std::filesystem::path& path);
 
 // json[key] as T; absent or null: `fallback`; the wrong type is an error naming the key.

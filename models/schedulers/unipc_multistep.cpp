@@ -148,7 +148,9 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
 }
 
 UniPCMultistepConfig UniPCMultistepConfig::from_file(const std::filesystem::path& path) {
-  return from_json(read_scheduler_config(path));
+  const nlohmann::json json = read_scheduler_config(path);
+  XF_CONTEXT("reading the scheduler config ", scheduler_config_file(path));  // names the file
+  return from_json(json);
 }
 
 UniPCMultistepScheduler::UniPCMultistepScheduler(UniPCMultistepConfig config)

@@ -81,6 +81,10 @@ T5EncoderConfig T5EncoderConfig::from_json(const nlohmann::json& j, const std::s
   c.relative_attention_max_distance =
       cfg<int64_t>(j, "relative_attention_max_distance", c.relative_attention_max_distance, path);
   c.layer_norm_epsilon = cfg<double>(j, "layer_norm_epsilon", c.layer_norm_epsilon, path);
+  // A decoder's layers (causal self-attention, one-directional buckets, cross-attention) are not
+  // an encoder's: transformers' encoder classes would build them from this key.
+  XF_CHECK(!cfg<bool>(j, "is_decoder", false, path), "config ", path,
+           ": is_decoder = true is not supported (a T5 / UMT5 encoder has is_decoder false)");
 
   const std::string proj =
       cfg<std::string>(j, "feed_forward_proj", umt5 ? "gated-gelu" : "relu", path);

@@ -104,6 +104,12 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
              " lists a transformer_2 but no boundary_ratio in (0, 1) (the timestep fraction where "
              "the low-noise expert takes over)");
     boundary_ratio_ = it->get<double>();
+  } else {
+    // diffusers hands the low-noise steps to a transformer_2 that is not there: refused here
+    // rather than run with the one expert.
+    const auto it = index.find("boundary_ratio");
+    XF_CHECK(it == index.end() || it->is_null(), index_path, ": boundary_ratio = ", it->dump(),
+             " without a transformer_2 (the low-noise expert it switches to)");
   }
   XF_CHECK(!index.value("expand_timesteps", false), index_path,
            ": expand_timesteps (Wan2.2 TI2V-5B's per-token timesteps) is not supported");

@@ -500,6 +500,22 @@ WanVAEConfig WanVAEConfig::from_json(const nlohmann::json& j, const std::string&
   c.dropout = cfg(j, "dropout", c.dropout, path);
   c.latents_mean = cfg(j, "latents_mean", c.latents_mean, path);
   c.latents_std = cfg(j, "latents_std", c.latents_std, path);
+  // Wan 2.2's VAE settings (the TI2V-5B VAE: patchified pixels, residual blocks, a wider
+  // decoder) are not built: each must keep the value of Wan 2.1's VAE, which is diffusers'
+  // default, or the error names it.
+  const std::pair<const char*, nlohmann::json> wan21[] = {{"decoder_base_dim", nullptr},
+                                                          {"is_residual", false},
+                                                          {"in_channels", 3},
+                                                          {"out_channels", 3},
+                                                          {"patch_size", nullptr}};
+  for (const auto& [key, value] : wan21) {
+    const auto it = j.find(key);
+    if (it == j.end() || *it == value || (value.is_null() && it->is_null())) continue;
+    if (std::string(key) == "decoder_base_dim" && *it == c.base_dim) continue;  // the same width
+    XF_THROW("config ", where, ": ", key, " = ", it->dump(),
+             " is not supported (Wan 2.2's TI2V VAE); AutoencoderKLWan is built as Wan 2.1's, ",
+             key, " = ", value.dump());
+  }
 
   XF_CHECK(c.base_dim > 0 && c.z_dim > 0 && c.num_res_blocks >= 0, "config ", where, ": base_dim (",
            c.base_dim, ") and z_dim (", c.z_dim, ") must be positive and num_res_blocks (",
@@ -512,6 +528,20 @@ WanVAEConfig WanVAEConfig::from_json(const nlohmann::json& j, const std::string&
            ": temperal_downsample has ", c.temperal_downsample.size(),
            " entries; AutoencoderKLWan needs one per level transition, len(dim_mult) - 1 = ",
            c.dim_mult.size() - 1);
+  // The pipeline's latent grid factors: diffusers' WanPipeline reads them, xfuser derives them
+  // from the architecture; they must agree.
+  int64_t temporal = 1;
+  for (bool down : c.temperal_downsample) temporal *= down ? 2 : 1;
+  const int64_t spatial = int64_t{1} << c.temperal_downsample.size();
+  for (const auto& [key, derived] :
+       {std::pair<const char*, int64_t>{"scale_factor_temporal", temporal},
+        std::pair<const char*, int64_t>{"scale_factor_spatial", spatial}}) {
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    XF_CHECK(it->is_number_integer() && it->get<int64_t>() == derived, "config ", where, ": ", key,
+             " = ", it->dump(), " disagrees with the architecture (temperal_downsample gives ",
+             derived, ")");
+  }
   XF_CHECK(
       c.attn_scales.empty(), "config ", where, ": attn_scales with ", c.attn_scales.size(),
       " entries is not supported: diffusers v0.33.1's WanEncoder3d cannot run down-block attention "
