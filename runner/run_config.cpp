@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backends/error.h"
+#include "models/schedulers/scheduler_config.h"
 
 namespace xfuser::runner {
 namespace {
@@ -294,10 +295,7 @@ void validate_values(const RunConfig& c) {
     positive("--fps", *c.fps);
     at_most("--fps", *c.fps, Limits::kMaxFps);
   }
-  if (c.flow_shift) {
-    XF_CHECK(std::isfinite(*c.flow_shift) && *c.flow_shift > 0 && *c.flow_shift <= 1000,
-             "--flow_shift must be a number in (0, 1000] (got ", *c.flow_shift, ")");
-  }
+  if (c.flow_shift) models::schedulers::check_flow_shift(*c.flow_shift, "--flow_shift");
   for (auto [flag, value] : {std::pair{"--guidance_scale", c.guidance_scale},
                              std::pair{"--guidance_scale_2", c.guidance_scale_2},
                              std::pair{"--true_cfg_scale", c.true_cfg_scale}}) {

@@ -294,6 +294,17 @@ std::vector<Case> cases() {
        },
        {"--num_inference_steps must be >= 1 (got 0)"},
        2},
+
+      // ---- scheduler settings from the folder: the same checks as the flags ----
+      pipeline("SchedulerShiftOutOfRange",
+               [](const fs::path& p) {
+                 edit_json(p / "scheduler" / "scheduler_config.json", [](auto& j) {
+                   j["use_dynamic_shifting"] = false;
+                   j["shift"] = -3;
+                 });
+               },
+               {"scheduler config: shift must be a number in (0, 1000] (got -3)",
+                "scheduler_config.json"}),
   };
   return c;
 }

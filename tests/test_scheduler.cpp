@@ -209,6 +209,16 @@ TEST(FlowMatchEuler, Errors) {
   EXPECT_THROW(FlowMatchEulerConfig::from_json({{"time_shift_type", "cubic"}}), xfuser::Error);
   EXPECT_THROW(FlowMatchEulerConfig::from_json({{"_class_name", "DDIMScheduler"}}), xfuser::Error);
   EXPECT_THROW(FlowMatchEulerConfig::from_json({{"shift", "three"}}), xfuser::Error);
+  // A folder's static shift passes the same check as --flow_shift (dynamic shifting ignores it).
+  for (double bad : {-3.0, 0.0, 1e4}) {
+    xfuser::testing::expect_error_containing(
+        [&] {
+          FlowMatchEulerConfig::from_json({{"shift", bad}});
+        },
+        {"scheduler config: shift must be a number in (0, 1000]"});
+  }
+  EXPECT_NO_THROW(
+      FlowMatchEulerConfig::from_json({{"shift", -3.0}, {"use_dynamic_shifting", true}}));
   EXPECT_THROW(FlowMatchEulerConfig::from_file("/nonexistent/scheduler"), xfuser::Error);
 }
 

@@ -296,6 +296,26 @@ TEST(UniPC, StepChecksItsInputs) {
   expect_error_containing([&] { scheduler.set_begin_index(4); }, {"begin index 4"});
 }
 
+// Many steps or a small shift repeat timesteps at the start of the schedule (int(sigma * 1000)):
+// with the begin index at 0, as diffusers' Wan pipeline sets it, step i is schedule index i and all
+// steps run; looking the index up by the repeated timestep would start one step late.
+TEST(UniPC, RepeatedTimestepsStepInOrderFromTheBeginIndex) {
+  for (auto [steps, shift] : {std::pair{300, 5.0}, std::pair{4, 1e-6}}) {
+    UniPCMultistepScheduler scheduler(UniPCMultistepConfig::from_json(wan_config(shift)));
+    scheduler.set_timesteps(steps);
+    const at::Tensor t = scheduler.timesteps();
+    ASSERT_TRUE(t.slice(0, 1).eq(t.slice(0, 0, -1)).any().item<bool>())
+        << steps << " steps at shift " << shift << " repeat no timestep";
+    scheduler.set_begin_index(0);
+    at::Tensor x = at::ones({1, 4});
+    for (int64_t i = 0; i < steps; ++i) {
+      x = scheduler.step(at::zeros_like(x), t[i].item<int64_t>(), x);
+      ASSERT_EQ(scheduler.step_index(), i + 1) << steps << " steps at shift " << shift;
+    }
+    EXPECT_TRUE(x.isfinite().all().item<bool>());
+  }
+}
+
 TEST(UniPC, ResultKeepsTheSampleDtype) {
   // Wan: a bfloat16 transformer output on float32 latents gives float32 latents; an all-bfloat16
   // generation stays bfloat16 (diffusers casts each update to its own sample's dtype).
@@ -378,6 +398,11 @@ TEST(UniPCConfig, UnsupportedSettingsNameTheKey) {
                           {"solver_order"});
   expect_error_containing([&] { UniPCMultistepConfig::from_json(with("flow_shift", "3")); },
                           {"flow_shift", "wrong type"});
+  // The same range as --flow_shift.
+  for (double bad : {-3.0, 0.0, 1e4}) {
+    expect_error_containing([&] { UniPCMultistepConfig::from_json(with("flow_shift", bad)); },
+                            {"scheduler config: flow_shift must be a number in (0, 1000]"});
+  }
   expect_error_containing(
       [&] { UniPCMultistepConfig::from_json(with("_class_name", "DDIMScheduler")); },
       {"DDIMScheduler", "UniPCMultistepScheduler"});

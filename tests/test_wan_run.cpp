@@ -341,4 +341,17 @@ TEST_F(WanRun, EmbeddedTinyWanWritesAVideoAndResumeSkipsIt) {
   EXPECT_EQ(fs::last_write_time(video), written);
 }
 
+// Schedules that repeat a timestep (many steps; a tiny shift) run every step, as diffusers' Wan
+// pipeline does with its begin index at 0.
+TEST_F(WanRun, SchedulesWithRepeatedTimestepsRunEveryStep) {
+  TempDir out;
+  std::string log;
+  const std::string tiny =
+      bin_ + " --model tiny-wan --prompt 'a cat' --output_directory " + out.path().string();
+  for (const std::string args : {" --num_inference_steps 300", " --flow_shift 1e-6"}) {
+    EXPECT_EQ(run_command(tiny + args, &log), 0) << args << "\n" << log;
+    EXPECT_EQ(log.find("error"), std::string::npos) << args << "\n" << log;
+  }
+}
+
 }  // namespace

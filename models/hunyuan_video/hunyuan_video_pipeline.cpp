@@ -16,6 +16,7 @@
 #include "models/hunyuan_video/hunyuan_video_vae_parallel.h"
 #include "models/hunyuan_video/tiny_hunyuan_video.h"
 #include "models/schedulers/flow_match_euler.h"
+#include "models/schedulers/scheduler_config.h"
 #include "models/text_encoders/llama_encoder.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/weights/component_folder.h"
@@ -202,7 +203,7 @@ std::unique_ptr<XFuserModel::State> HunyuanVideoModel::begin(const GenerationReq
            "--max_sequence_length must be in [1, 1024] for ", spec().id, " (got ",
            request.max_sequence_length, ")");
   if (request.flow_shift) {
-    XF_CHECK(*request.flow_shift > 0, "--flow_shift must be > 0 (got ", *request.flow_shift, ")");
+    schedulers::check_flow_shift(*request.flow_shift, "--flow_shift");
   }
   auto state = std::make_unique<HunyuanState>();
   state->request = request;

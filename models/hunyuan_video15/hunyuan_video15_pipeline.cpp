@@ -20,6 +20,7 @@
 #include "models/image/pil_resize.h"
 #include "models/image/siglip_vision.h"
 #include "models/schedulers/flow_match_euler.h"
+#include "models/schedulers/scheduler_config.h"
 #include "models/text_encoders/llama_encoder.h"
 #include "models/text_encoders/t5_encoder.h"
 #include "models/tokenizers/tokenizer.h"
@@ -287,7 +288,7 @@ std::unique_ptr<XFuserModel::State> HunyuanVideo15Model::begin(const GenerationR
              " is text-to-video: it takes no --input_images");
   }
   if (request.flow_shift) {
-    XF_CHECK(*request.flow_shift > 0, "--flow_shift must be > 0 (got ", *request.flow_shift, ")");
+    schedulers::check_flow_shift(*request.flow_shift, "--flow_shift");
   }
   auto state = std::make_unique<HV15State>();
   state->request = request;

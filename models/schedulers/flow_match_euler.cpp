@@ -83,6 +83,13 @@ FlowMatchEulerConfig FlowMatchEulerConfig::from_json(const nlohmann::json& json)
   }
   XF_CHECK(c.num_train_timesteps > 0,
            "scheduler config: num_train_timesteps must be positive, got ", c.num_train_timesteps);
+  // The static shift passes the same check as --flow_shift; dynamic shifting's mu bounds are
+  // exponents (exp(mu)), so they need only be finite.
+  if (!c.use_dynamic_shifting) check_flow_shift(c.shift, "scheduler config: shift");
+  for (auto [key, value] :
+       {std::pair{"base_shift", c.base_shift}, std::pair{"max_shift", c.max_shift}}) {
+    XF_CHECK(std::isfinite(value), "scheduler config: ", key, " must be finite (got ", value, ")");
+  }
   XF_CHECK(c.max_image_seq_len != c.base_image_seq_len,
            "scheduler config: max_image_seq_len equals base_image_seq_len (", c.base_image_seq_len,
            ")");

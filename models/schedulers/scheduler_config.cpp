@@ -1,5 +1,6 @@
 #include "models/schedulers/scheduler_config.h"
 
+#include <cmath>
 #include <fstream>
 
 namespace xfuser::models::schedulers {
@@ -18,6 +19,11 @@ nlohmann::json read_scheduler_config(const std::filesystem::path& path) {
   } catch (const nlohmann::json::exception& e) {
     XF_THROW("cannot parse ", file, ": ", e.what());
   }
+}
+
+void check_flow_shift(double shift, std::string_view what) {
+  XF_CHECK(std::isfinite(shift) && shift > 0 && shift <= kMaxFlowShift, what,
+           " must be a number in (0, ", kMaxFlowShift, "] (got ", shift, ")");
 }
 
 std::vector<double> linspace(double start, double stop, int64_t n) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -28,6 +29,12 @@ T config_value(const nlohmann::json& json, const char* key, T fallback) {
     XF_THROW("scheduler config: '", key, "' has the wrong type: ", e.what());
   }
 }
+
+// A flow-matching shift, from a flag or from a scheduler config: one check for both. A shift
+// must be finite and positive (sigma' = shift * s / (1 + (shift - 1) * s)); above 1000 every sigma
+// but the last rounds to the first timestep, so larger values are refused as typos.
+inline constexpr double kMaxFlowShift = 1000.0;
+void check_flow_shift(double shift, std::string_view what);
 
 // np.linspace(start, stop, n) in float64 (endpoint included, last element exactly stop).
 std::vector<double> linspace(double start, double stop, int64_t n);

@@ -142,8 +142,7 @@ UniPCMultistepConfig UniPCMultistepConfig::from_json(const nlohmann::json& json)
            c.solver_order);
   XF_CHECK(c.predict_x0 || c.prediction_type != UniPCPrediction::kFlowPrediction,
            "scheduler config: prediction_type 'flow_prediction' needs predict_x0=true");
-  XF_CHECK(std::isfinite(c.flow_shift) && c.flow_shift > 0.0,
-           "scheduler config: flow_shift must be positive, got ", c.flow_shift);
+  check_flow_shift(c.flow_shift, "scheduler config: flow_shift");
   return c;
 }
 

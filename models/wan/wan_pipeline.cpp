@@ -11,6 +11,7 @@
 #include "models/common/pipeline_cache.h"
 #include "models/dit/dit_checks.h"
 #include "models/image/pil_resize.h"
+#include "models/schedulers/scheduler_config.h"
 #include "models/schedulers/unipc_multistep.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/wan/tiny_wan.h"
@@ -60,7 +61,7 @@ schedulers::UniPCMultistepConfig scheduler_config(const fs::path& path,
            ": Wan's UniPCMultistepScheduler must have prediction_type \"flow_prediction\" and "
            "use_flow_sigmas true");
   if (flow_shift) {
-    XF_CHECK(*flow_shift > 0, "--flow_shift must be > 0 (got ", *flow_shift, ")");
+    schedulers::check_flow_shift(*flow_shift, "--flow_shift");
     config.flow_shift = *flow_shift;
   }
   if (flow_sigmas) {
@@ -334,6 +335,9 @@ void WanModel::prepare_latents(State& base) {
   const int64_t gf = s.latent_f / p[0], gh = s.latent_h / p[1], gw = s.latent_w / p[2];
   s.token_ids = WanTransformer3DModel::token_ids(gf, gh, gw, options);
   s.scheduler->set_timesteps(req.num_inference_steps);
+  // As diffusers' pipeline: step i is schedule index i. Looking the index up by timestep would
+  // pick the second of repeated timesteps (many steps, or a small flow_shift, repeat them).
+  s.scheduler->set_begin_index(0);
   // PipeFusion's patches: rows of tokens over all frames (token order is (f, h, w)).
   start_pipefusion(s, gf * gh, gw, req.num_inference_steps);
 }
