@@ -149,14 +149,14 @@ TEST_F(DatasetResume, FlagsThatChangeNothingWarn) {
   EXPECT_EQ(log.find("has no effect"), std::string::npos) << log;
 }
 
-// An image does not depend on the batch it was made in, within the bound
-// docs/dataset.md states per dtype. fp32: equal to the one-prompt-per-batch image within 1/255 on
-// at most 0.1% of the values (GEMM blocking over the batch's rows may round one value the other
-// way); bf16: within bf16's own noise, at most twice the largest difference between the bf16 and
-// fp32 images of the three prompts. Both are bf16 rounding, and their per-prompt maxima scatter:
-// measured at 32x32 with PyPI's torch 2.15, batch 3 vs 1 moves values by up to 23/255 and bf16 vs
-// fp32 by up to 28/255; with Debian's libtorch 1.13, 11/255 against 7/255 on one prompt. The fp32
-// check is the sharp one: a batch that leaked between prompts would move its images by far more.
+// An image does not depend on the batch it was made in, within the bound docs/dataset.md states
+// per dtype. fp32: equal to the one-prompt-per-batch image within 1/255 on at most 0.1% of the
+// values (GEMM blocking over the batch's rows may round one value the other way). bf16: within
+// what two bf16 roundings of the same picture can differ by, bounded from bf16's own error
+// measured in the same run (bf16 vs fp32), not from one machine's numbers: batch 3 vs 1 moved
+// values by up to 23/255 with PyPI's torch 2.15, 11/255 with Debian's libtorch 1.13, and the
+// same 11/255 against a bf16 error of 5/255 on a CPU with AVX512-BF16. The fp32 check is the
+// sharp one: a batch that leaked between prompts would move its images by far more.
 TEST_F(DatasetResume, AnImageDoesNotDependOnItsBatchBeyondItsDtypeNoise) {
   std::map<std::string, std::vector<at::Tensor>> images;  // "dtype/batch" -> images
   for (const std::string dtype : {"fp32", "bf16"}) {
@@ -173,22 +173,35 @@ TEST_F(DatasetResume, AnImageDoesNotDependOnItsBatchBeyondItsDtypeNoise) {
       }
     }
   }
-  int noise = 1;  // the largest bf16 vs fp32 difference of the three prompts
+  // bf16's own noise: how far each prompt's bf16 picture is from its fp32 picture (batch 1).
+  // A batch of 3 may take other GEMM kernels than a batch of 1 (another blocking; AVX512-BF16 dot
+  // products on some CPUs), so its bf16 picture is another rounding of the same fp32 picture. Two
+  // roundings differ by at most the sum of their errors: on average by up to twice bf16's mean
+  // error; at the worst pixel the tails of two roundings add up, so allow four times the largest
+  // bf16 error of the three prompts.
+  // A batching defect (one prompt's text, noise or mask reaching another) moves the whole picture
+  // by tens of levels, far beyond both bounds.
+  double noise = 1;  // the largest bf16 vs fp32 difference of the three prompts
   for (int i = 0; i < 3; ++i) {
-    noise = std::max(noise, (images["bf16-b1"][i] - images["fp32-b1"][i]).abs().max().item<int>());
+    noise =
+        std::max(noise, (images["bf16-b1"][i] - images["fp32-b1"][i]).abs().max().item<double>());
   }
   for (int i = 0; i < 3; ++i) {
     const at::Tensor fp32 = (images["fp32-b3"][i] - images["fp32-b1"][i]).abs();
     const int fp32_max = fp32.max().item<int>();
     const int64_t fp32_count = fp32.gt(0).sum().item<int64_t>();
-    const int bf16_max = (images["bf16-b3"][i] - images["bf16-b1"][i]).abs().max().item<int>();
-    const int own = (images["bf16-b1"][i] - images["fp32-b1"][i]).abs().max().item<int>();
+    const at::Tensor own = (images["bf16-b1"][i] - images["fp32-b1"][i]).abs().to(at::kFloat);
+    const at::Tensor bf16 = (images["bf16-b3"][i] - images["bf16-b1"][i]).abs().to(at::kFloat);
+    const double own_mean = own.mean().item<double>(), own_max = own.max().item<double>();
+    const double bf16_mean = bf16.mean().item<double>(), bf16_max = bf16.max().item<double>();
     std::printf(
-        "prompt %d: batch 3 vs 1: fp32 max %d (%lld values), bf16 max %d; bf16 vs fp32: %d\n", i,
-        fp32_max, static_cast<long long>(fp32_count), bf16_max, own);
+        "prompt %d: batch 3 vs 1: fp32 max %d (%lld values), bf16 mean %.3f max %.0f; bf16 vs "
+        "fp32: mean %.3f max %.0f\n",
+        i, fp32_max, static_cast<long long>(fp32_count), bf16_mean, bf16_max, own_mean, own_max);
     EXPECT_LE(fp32_max, 1) << "prompt " << i;
     EXPECT_LE(fp32_count, std::max<int64_t>(4, fp32.numel() / 1000)) << "prompt " << i;
-    EXPECT_LE(bf16_max, 2 * noise) << "prompt " << i;
+    EXPECT_LE(bf16_mean, 2 * own_mean + 0.25) << "prompt " << i;
+    EXPECT_LE(bf16_max, 4 * noise) << "prompt " << i;
   }
 }
 
