@@ -176,6 +176,28 @@ std::string text_differences(const std::map<std::string, std::string>& recorded,
   return diff;
 }
 
+// Initial latents from a file are checked before any compute, so that a NaN, an Inf or an absurd
+// magnitude is named as the input it is, not found later as non-finite latents blamed on weights.
+// Initial latents are standard normal noise (|x| < 10 in practice); above kMaxInitialLatent the
+// transformer's products overflow bf16 and fp16.
+constexpr double kMaxInitialLatent = 1e4;
+
+void check_initial_latents(const at::Tensor& latents, const std::string& what) {
+  XF_CHECK(at::isFloatingType(latents.scalar_type()), what, ": tensor 'latents' is ",
+           latents.scalar_type(), "; initial latents must be floating point");
+  const at::Tensor rows = latents.to(at::kFloat).reshape({latents.size(0), -1});
+  const at::Tensor finite = at::isfinite(rows).all(1);
+  if (!finite.all().item<bool>()) {
+    const int64_t row = finite.logical_not().nonzero()[0][0].item<int64_t>();
+    XF_THROW(what, ": tensor 'latents' holds NaN or Inf (first in row ", row, ", prompt ", row,
+             "); initial latents are standard normal noise");
+  }
+  const float largest = rows.numel() ? rows.abs().max().item<float>() : 0.0F;
+  XF_CHECK(largest <= kMaxInitialLatent, what, ": tensor 'latents' holds values up to ", largest,
+           " in magnitude; initial latents are standard normal noise, ", "and values above ",
+           format_double(kMaxInitialLatent), " overflow the transformer's compute");
+}
+
 std::string likely_nonfinite_cause(const ResolvedArgs& args) {
   const RunConfig& c = args.config;
   if (c.true_cfg_scale.value_or(1.0) > 100 || c.guidance_scale.value_or(0) > 100) {
@@ -406,6 +428,7 @@ ResolvedArgs Runner::preprocess_args() const {
     XF_CHECK(all.dim() >= 2 && all.size(0) == args.total_prompts, "--latents ", c.latents,
              ": tensor 'latents' is ", xfuser::shape_string(all.sizes()),
              "; its first dimension must be the ", args.total_prompts, " prompt(s) of this run");
+    check_initial_latents(all, "--latents " + c.latents);
     std::vector<int64_t> rows(args.prompt_indices.begin(), args.prompt_indices.end());
     r.latents =
         rows.empty() ? at::Tensor() : all.index_select(0, at::tensor(rows, at::kLong)).clone();

@@ -250,6 +250,36 @@ std::vector<Case> cases() {
                },
                {"the latents are not finite (NaN or Inf) after denoising step 1 of 4",
                 "Likely cause: NaN or Inf in the model's weights"}),
+      pipeline("NanVaeWeights",
+               [](const fs::path& p) {
+                 rewrite_tensors(p / "vae" / "diffusion_pytorch_model.safetensors",
+                                 [](auto& t) { t["decoder.conv_out.weight"].fill_(NAN); });
+               },
+               {"the decoded pixels are not finite (NaN or Inf) in 1 of 1 picture(s)",
+                "Likely cause: NaN or Inf in the VAE's weights"}),
+      // --latents: checked before any compute, named as the input.
+      {"NanInLatentsFile",
+       [](const fs::path& pipe, const fs::path& out) {
+         at::Tensor latents = at::zeros({1, 16, 4, 4});
+         latents[0][3][1][2] = NAN;
+         xfuser::models::save_safetensors((pipe / "nan.safetensors").string(),
+                                          {{"latents", latents}});
+         return kRun + " --latents " + (pipe / "nan.safetensors").string() +
+                " --output_directory " + out.string();
+       },
+       {"nan.safetensors: tensor 'latents' holds NaN or Inf (first in row 0, prompt 0)"},
+       1,
+       {"loading tiny-flux"}},
+      {"HugeLatentsFile",
+       [](const fs::path& pipe, const fs::path& out) {
+         xfuser::models::save_safetensors((pipe / "huge.safetensors").string(),
+                                          {{"latents", at::full({1, 16, 4, 4}, 1e30)}});
+         return kRun + " --latents " + (pipe / "huge.safetensors").string() +
+                " --output_directory " + out.string();
+       },
+       {"huge.safetensors: tensor 'latents' holds values up to 1e+30 in magnitude"},
+       1,
+       {"loading tiny-flux"}},
 
       // ---- layouts the model cannot run: refused before any weight is read (item 3) ----
       {"CfgParallelWithoutTrueCfg",

@@ -8,6 +8,7 @@
 #include "models/tokenizers/tokenizer.h"
 #include "models/vae/autoencoder_kl.h"
 #include "models/vae/patch_parallel.h"
+#include "models/vae/pixels.h"
 #include "models/weights/component_folder.h"
 #include "parallel/process_groups.h"
 
@@ -179,8 +180,7 @@ at::Tensor DiTPipeline::decode_latents(const at::Tensor& latents) const {
   at::Tensor image = load_options().parallel_vae && groups
                          ? vae::patch_parallel_decode(*vae_, z, groups->replica())
                          : vae_->decode(z);  // [B, 3, H, W] in [-1, 1]
-  at::Tensor x = (image.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
-  return (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
+  return vae::decoded_to_pixels(image);
 }
 
 vae::DiagonalGaussian DiTPipeline::encode_pictures(const at::Tensor& x) const {

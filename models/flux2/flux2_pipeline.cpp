@@ -21,6 +21,7 @@
 #include "models/text_encoders/llama_encoder.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/vae/patch_parallel.h"
+#include "models/vae/pixels.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/hub_cache.h"
 #include "parallel/process_groups.h"
@@ -331,8 +332,7 @@ void Flux2Model::decode(State& base) {
   const at::Tensor image = load_options().parallel_vae && groups
                                ? vae::patch_parallel_decode(*flux2_vae_, z, groups->replica())
                                : flux2_vae_->decode(z);  // [B, 3, H, W]
-  const at::Tensor x = (image.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
-  s.images = (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
+  s.images = vae::decoded_to_pixels(image);
 }
 
 MemoryEstimate check_flux2_run(const fs::path& dir, const RunLayout& run) {

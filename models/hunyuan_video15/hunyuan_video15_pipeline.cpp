@@ -24,6 +24,7 @@
 #include "models/text_encoders/llama_encoder.h"
 #include "models/text_encoders/t5_encoder.h"
 #include "models/tokenizers/tokenizer.h"
+#include "models/vae/pixels.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/hub_cache.h"
 #include "parallel/process_groups.h"
@@ -468,8 +469,7 @@ void HunyuanVideo15Model::decode(State& base) {
   const at::Tensor video = load_options().parallel_vae && groups
                                ? patch_parallel_decode(*hv_vae_, scaled, groups->replica())
                                : hv_vae_->decode(scaled);  // [B, 3, F, H, W]
-  at::Tensor x = (video.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
-  s.images = (x * 255).round().to(at::kByte).permute({0, 2, 3, 4, 1}).contiguous();
+  s.images = vae::decoded_to_pixels(video);
 }
 
 MemoryEstimate check_hunyuan_video15_run(const fs::path& dir, const RunLayout& run) {

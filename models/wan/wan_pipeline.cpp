@@ -14,6 +14,7 @@
 #include "models/schedulers/scheduler_config.h"
 #include "models/schedulers/unipc_multistep.h"
 #include "models/tokenizers/tokenizer.h"
+#include "models/vae/pixels.h"
 #include "models/wan/tiny_wan.h"
 #include "models/wan/wan_prompt.h"
 #include "models/wan/wan_transformer.h"
@@ -433,8 +434,7 @@ void WanModel::decode(State& base) {
   const at::Tensor video = load_options().parallel_vae && groups
                                ? patch_parallel_decode(*wan_vae_, scaled, groups->replica())
                                : wan_vae_->decode(scaled);  // [B, 3, F, H, W]
-  at::Tensor x = (video.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
-  s.images = (x * 255).round().to(at::kByte).permute({0, 2, 3, 4, 1}).contiguous();
+  s.images = vae::decoded_to_pixels(video);
 }
 
 MemoryEstimate check_wan_run(const fs::path& dir, const RunLayout& run) {
