@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <sys/file.h>
@@ -208,12 +209,25 @@ bool is_complete_png(const fs::path& path, int height, int width,
   return true;
 }
 
-at::Tensor to_uint8_images(const at::Tensor& images) {
-  XF_CHECK(images.dim() == 4 && images.size(1) == 3, "expected decoded images [B, 3, H, W], got ",
-           images.sizes());
-  at::Tensor x = (images.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
-  // numpy's (x * 255).round() rounds half to even, as does at::round.
-  return (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous();
+std::string file_digest(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  XF_CHECK(in.good(), "cannot read ", path.string());
+  uint64_t h = 14695981039346656037ULL;  // FNV-1a 64
+  uint64_t size = 0;
+  std::vector<char> buffer(1 << 16);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto n = static_cast<size_t>(in.gcount());
+    for (size_t i = 0; i < n; ++i) {
+      h ^= static_cast<unsigned char>(buffer[i]);
+      h *= 1099511628211ULL;
+    }
+    size += n;
+  }
+  XF_CHECK(in.eof(), "reading ", path.string(), " failed");
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  return std::string(hex) + ":" + std::to_string(size);
 }
 
 std::string output_file_name(const std::string& name, int ulysses, int ring, bool compiled,

@@ -39,9 +39,10 @@ at::Tensor read_png(const std::filesystem::path& path,
 bool is_complete_png(const std::filesystem::path& path, int height = 0, int width = 0,
                      std::map<std::string, std::string>* text = nullptr);
 
-// Converts a decoded image batch in [-1, 1], float [B, 3, H, W], to uint8 [B, H, W, 3] the way
-// diffusers' image processor does: (x / 2 + 0.5).clamp(0, 1), * 255, round half to even.
-at::Tensor to_uint8_images(const at::Tensor& images);
+// A digest of a file's bytes (64-bit FNV-1a, 16 hex digits, then ":" and the size): what an output
+// records of an input file (a picture, a latents file) so that --resume notices a changed input.
+// It detects changes; it is not a cryptographic hash.
+std::string file_digest(const std::filesystem::path& path);
 
 // The degrees beyond xDiT's u/r that join an output name when they differ from 1.
 struct NameDegrees {

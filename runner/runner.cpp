@@ -97,18 +97,34 @@ bool is_complete_video(const fs::path& path, int frames, int height, int width,
   }
 }
 
-// Temporary files a killed run left beside its outputs (".{name}.tmp{N}", see
-// write_file_atomic), for the outputs of prompts [0, count).
-void remove_stale_temp_files(const ResolvedArgs& args, int64_t count) {
-  std::set<std::string> names;
-  for (int64_t i = 0; i < count; ++i) names.insert(output_path(args, i).filename().string());
+// Temporary files a killed run left beside this run's own outputs (".{name}.tmp{N}", see
+// write_file_atomic): its pictures or videos, their frames and latents files, and its reports.
+// Removed when a run starts, once it holds the folder's lock: no other run writes there then, and
+// this run has written nothing yet. Temporaries of other names are left alone.
+void remove_stale_temp_files(const ResolvedArgs& args, int world_size) {
+  std::set<std::string> names = {"timings.json"};
+  for (int r = 0; r < world_size; ++r) {
+    names.insert("timings_rank" + std::to_string(r) + ".json");
+    names.insert("profile_trace_rank_" + std::to_string(r) + ".json");
+  }
+  for (int64_t i = 0; i < args.total_prompts; ++i) {
+    fs::path out = output_path(args, i);
+    names.insert(out.filename().string());
+    if (is_video(args)) {
+      for (int64_t k = 0; k < args.config.num_frames.value_or(0); ++k) {
+        names.insert(frame_path(out, k).filename().string());
+      }
+    }
+    names.insert(out.replace_extension(".latents.safetensors").filename().string());
+  }
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(args.config.output_directory, ec)) {
     const std::string f = entry.path().filename().string();
     const size_t tmp = f.rfind(".tmp");
     if (f.size() < 2 || f[0] != '.' || tmp == std::string::npos) continue;
+    if (f.find_first_not_of("0123456789", tmp + 4) != std::string::npos) continue;
     if (!names.count(f.substr(1, tmp - 1))) continue;
-    spdlog::info("--resume: removing {} (left by an interrupted run)", entry.path().string());
+    spdlog::info("removing {} (left by an interrupted run)", entry.path().string());
     fs::remove(entry.path(), ec);
   }
 }
@@ -145,8 +161,19 @@ std::map<std::string, std::string> generation_text(const ResolvedArgs& args,
   if (is_video(args)) {
     text["num_frames"] = std::to_string(c.num_frames.value_or(0));
     text["fps"] = std::to_string(c.fps.value_or(0));
-    if (c.flow_shift) text["flow_shift"] = format_double(*c.flow_shift);
-    if (c.flow_sigmas) text["flow_sigmas"] = *c.flow_sigmas;
+  }
+  if (c.flow_shift) text["flow_shift"] = format_double(*c.flow_shift);
+  if (c.flow_sigmas) text["flow_sigmas"] = *c.flow_sigmas;
+  if (c.guidance_scale_2) text["guidance_scale_2"] = format_double(*c.guidance_scale_2);
+  // The input files, by digest: a changed picture or latents file under the same name is a change.
+  std::string images;
+  for (size_t k = 0; k < c.input_images.size(); ++k) {
+    images += (k ? "," : "") + fs::path(c.input_images[k]).filename().string() + "@" +
+              (k < args.input_image_digests.size() ? args.input_image_digests[k] : "");
+  }
+  if (!images.empty()) text["input_images"] = images;
+  if (!c.latents.empty()) {
+    text["latents"] = fs::path(c.latents).filename().string() + "@" + args.latents_digest;
   }
   if (negative) {
     text["negative_prompt"] = *negative;
@@ -174,6 +201,25 @@ std::string text_differences(const std::map<std::string, std::string>& recorded,
     if (!wanted.count(key)) add(key, value, "(none)");
   }
   return diff;
+}
+
+// "" when every frame PNG of `video` is complete, of its size and records `wanted` (and its frame
+// index); else what is wrong with the first one that is not.
+std::string first_incomplete_frame(const fs::path& video, int frames, int height, int width,
+                                   const std::map<std::string, std::string>& wanted) {
+  for (int k = 0; k < frames; ++k) {
+    const fs::path frame = frame_path(video, k);
+    std::map<std::string, std::string> text;
+    if (!is_complete_png(frame, height, width, &text)) {
+      return "frame " + frame.filename().string() + " is missing or incomplete";
+    }
+    auto want = wanted;
+    want["frame"] = std::to_string(k);
+    if (!text_differences(text, want).empty()) {
+      return "frame " + frame.filename().string() + " was made with other parameters";
+    }
+  }
+  return "";
 }
 
 // Initial latents from a file are checked before any compute, so that a NaN, an Inf or an absurd
@@ -288,7 +334,11 @@ ResolvedArgs Runner::preprocess_args() const {
   if (spec.folder_defaults) spec.folder_defaults(resolve_model_dir(args), d);
   // The pictures, read once (errors name the file).
   std::vector<at::Tensor> pictures;
-  for (const auto& file : c.input_images) pictures.push_back(read_image(file));
+  for (const auto& file : c.input_images) {
+    pictures.push_back(read_image(file));
+    args.input_image_digests.push_back(file_digest(file));
+  }
+  if (!c.latents.empty()) args.latents_digest = file_digest(c.latents);
   if (spec.size_from_picture && !pictures.empty()) {
     const auto [h, w] =
         spec.size_from_picture(resolve_model_dir(args), pictures[0].size(0), pictures[0].size(1));
@@ -374,7 +424,6 @@ ResolvedArgs Runner::preprocess_args() const {
     if (c.resume && (!groups_ || groups_->rank() == 0)) {
       std::error_code ec;
       if (fs::is_directory(c.output_directory, ec)) lock_output_directory();
-      remove_stale_temp_files(args, static_cast<int64_t>(prompts.size()));
       for (size_t i = 0; i < prompts.size(); ++i) {
         const fs::path path = output_path(args, static_cast<int64_t>(i));
         std::map<std::string, std::string> text;
@@ -389,6 +438,17 @@ ResolvedArgs Runner::preprocess_args() const {
           spdlog::warn("--resume: {} was made with other parameters ({}); generating it again",
                        path.string(), diff);
           continue;
+        }
+        // --output_type frames: every frame's PNG too, each complete and of this video.
+        if (is_video(args) && c.output_type == "frames") {
+          const std::string missing =
+              first_incomplete_frame(path, c.num_frames.value_or(0), *c.height, *c.width,
+                                     generation_text(args, prompts[i], negatives[i], seeds[i]));
+          if (!missing.empty()) {
+            spdlog::info("--resume: {} is complete but {}; generating it again", path.string(),
+                         missing);
+            continue;
+          }
         }
         todo.data_ptr<uint8_t>()[i] = 0;
       }
@@ -547,6 +607,9 @@ void Runner::initialize(const ResolvedArgs& args) {
   const models::ModelSpec& spec = *args.spec;
   ensure_writable_directory(args.config.output_directory);
   lock_output_directory();
+  if (!groups_ || groups_->rank() == 0) {
+    remove_stale_temp_files(args, groups_ ? groups_->config().world_size() : 1);
+  }
   check_free_space(args.config.output_directory, estimated_output_bytes(args),
                    "this rank's images and reports");
   check_stop_requested("before loading the model");

@@ -43,6 +43,10 @@ struct ResolvedArgs {
   int batch_size = 0;                       // > 0: batched run (run() writes the images)
   int64_t total_prompts = 0;                // in the whole run, over every dp group
   int64_t skipped_prompts = 0;              // --resume: outputs already complete
+  // file_digest of each --input_images file and of the --latents file: recorded in every output
+  // and compared by --resume, as the other inputs that change the output.
+  std::vector<std::string> input_image_digests;
+  std::string latents_digest;
   c10::ScalarType dtype = c10::kFloat;
   // --device on this rank (backends::select_device: made the current CUDA device when CUDA).
   c10::Device device = c10::Device(c10::kCPU);

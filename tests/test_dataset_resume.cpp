@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
+#include "models/weights/safetensors.h"
 #include "runner/outputs.h"
 #include "tests/test_util.h"
 
@@ -147,6 +148,32 @@ TEST_F(DatasetResume, FlagsThatChangeNothingWarn) {
   ASSERT_EQ(run(base + "--prompt x --prompt y --prompt z --batch_size 2", &log, "xfuser"), 0)
       << log;
   EXPECT_EQ(log.find("has no effect"), std::string::npos) << log;
+}
+
+// --resume records the --latents file by digest: the same file name with other values is
+// generated again; the unchanged file is complete.
+TEST_F(DatasetResume, ResumeComparesTheLatentsFile) {
+  std::ofstream(work_ / "one.txt") << "a cat in the garden\n";
+  const fs::path out = work_ / "latents-out";
+  const fs::path latents = work_ / "latents.safetensors";
+  auto cmd = [&] {
+    return "--model tiny-flux --height 32 --width 32 --max_sequence_length 8 --dtype fp32 "
+           "--num_inference_steps 1 --batch_size 1 --resume --dataset_path " +
+           (work_ / "one.txt").string() + " --latents " + latents.string() +
+           " --output_directory " + out.string();
+  };
+  at::Tensor noise = at::randn({1, 4, 64}, at::TensorOptions().dtype(at::kFloat));
+  xfuser::models::save_safetensors(latents.string(), {{"latents", noise}});
+  std::string log;
+  ASSERT_EQ(run(cmd(), &log), 0) << log;
+  ASSERT_EQ(run(cmd(), &log), 0) << log;
+  EXPECT_NE(log.find("1 of 1 outputs complete, 0 to generate"), std::string::npos) << log;
+  xfuser::models::save_safetensors(latents.string(), {{"latents", noise * 0.5}});
+  ASSERT_EQ(run(cmd(), &log), 0) << log;
+  EXPECT_NE(log.find("was made with other parameters (latents 'latents.safetensors@"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("0 of 1 outputs complete, 1 to generate"), std::string::npos) << log;
 }
 
 // An image does not depend on the batch it was made in, within the bound docs/dataset.md states

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "backends/error.h"
+#include "models/vae/pixels.h"
 #include "runner/outputs.h"
 #include "tests/test_util.h"
 
@@ -140,9 +141,9 @@ TEST(Outputs, ASecondRunIntoALockedFolderIsRefused) {
 }
 
 TEST(Outputs, Uint8ConversionMatchesDiffusersPostprocess) {
-  // x in [-1, 1] -> (x/2+0.5).clamp(0,1)*255, rounded half to even.
+  // x in [-1, 1] -> (x/2+0.5).clamp(0,1)*255, rounded half to even (numpy's round, as at::round).
   at::Tensor x = at::tensor({-2.0f, -1.0f, 0.0f, 1.0f, 3.0f, 1.0f / 255.0f}).view({1, 3, 1, 2});
-  at::Tensor u = to_uint8_images(x);
+  at::Tensor u = xfuser::models::vae::decoded_to_pixels(x);
   ASSERT_EQ(u.sizes(), (std::vector<int64_t>{1, 1, 2, 3}));
   // channels-last: pixel 0 = (c0, c1, c2) = (-2, 0, 3), pixel 1 = (-1, 1, 1/255)
   EXPECT_EQ(u[0][0][0][0].item<uint8_t>(), 0);
@@ -151,6 +152,14 @@ TEST(Outputs, Uint8ConversionMatchesDiffusersPostprocess) {
   EXPECT_EQ(u[0][0][1][0].item<uint8_t>(), 0);
   EXPECT_EQ(u[0][0][1][1].item<uint8_t>(), 255);
   EXPECT_EQ(u[0][0][1][2].item<uint8_t>(), 128);  // (1/255/2 + 0.5)*255 = 128.0
+  // Videos [B, 3, F, H, W] -> [B, F, H, W, 3].
+  EXPECT_EQ(xfuser::models::vae::decoded_to_pixels(at::zeros({2, 3, 5, 4, 6})).sizes(),
+            (std::vector<int64_t>{2, 5, 4, 6, 3}));
+  // A NaN is an error naming how many pictures hold one, never a black pixel.
+  at::Tensor nan = at::zeros({3, 3, 2, 2});
+  nan[1][2][0][1] = NAN;
+  xfuser::testing::expect_error_containing([&] { xfuser::models::vae::decoded_to_pixels(nan); },
+                                           {"not finite (NaN or Inf) in 1 of 3 picture(s)"});
 }
 
 }  // namespace

@@ -354,4 +354,73 @@ TEST_F(WanRun, SchedulesWithRepeatedTimestepsRunEveryStep) {
   }
 }
 
+// --resume records every input that changes a video: a changed --input_images picture (same name,
+// other pixels) is generated again; with --output_type frames every frame PNG is checked, so a
+// deleted frame, or frames asked of a video-only output, are written.
+TEST_F(WanRun, ResumeComparesInputPicturesAndEveryFrame) {
+  TempDir out;
+  const fs::path picture = out / "input.png";
+  xfuser::runner::write_png(picture, at::full({32, 48, 3}, 100, at::kByte));
+  std::ofstream(out / "prompts.txt") << "a cat\n";
+  auto cmd = [&](const std::string& type) {
+    return bin_ +
+           " --model tiny-wan-i2v --num_inference_steps 1 --dtype fp32 --resume --batch_size 1 " +
+           "--dataset_path " + (out / "prompts.txt").string() + " --input_images " +
+           picture.string() + " --output_type " + type + " --output_directory " +
+           out.path().string();
+  };
+  const fs::path video = out / "tiny-wan-i2v_u1r1_tc_False_32x48_0.mp4";
+  const fs::path frame3 = out / "tiny-wan-i2v_u1r1_tc_False_32x48_0_frame0003.png";
+  std::string log;
+  ASSERT_EQ(run_command(cmd("video"), &log), 0) << log;
+  ASSERT_TRUE(fs::exists(video)) << log;
+  EXPECT_FALSE(fs::exists(frame3));
+  ASSERT_EQ(run_command(cmd("video"), &log), 0) << log;
+  EXPECT_NE(log.find("1 of 1 outputs complete, 0 to generate"), std::string::npos) << log;
+  // Frames asked of a video-only output: generated again, frames written.
+  ASSERT_EQ(run_command(cmd("frames"), &log), 0) << log;
+  EXPECT_NE(log.find("0 of 1 outputs complete, 1 to generate"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(frame3)) << log;
+  ASSERT_EQ(run_command(cmd("frames"), &log), 0) << log;
+  EXPECT_NE(log.find("1 of 1 outputs complete, 0 to generate"), std::string::npos) << log;
+  // One frame deleted: generated again.
+  fs::remove(frame3);
+  ASSERT_EQ(run_command(cmd("frames"), &log), 0) << log;
+  EXPECT_NE(log.find("frame0003.png is missing or incomplete"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(frame3)) << log;
+  // The same picture file name with other pixels: generated again, naming what changed.
+  xfuser::runner::write_png(picture, at::full({32, 48, 3}, 200, at::kByte));
+  ASSERT_EQ(run_command(cmd("frames"), &log), 0) << log;
+  EXPECT_NE(log.find("was made with other parameters (input_images 'input.png@"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("0 of 1 outputs complete, 1 to generate"), std::string::npos) << log;
+}
+
+// A run removes the temporaries a killed run left beside its own outputs (a video, its frames,
+// the reports), even without --resume; other hidden files are not its to remove.
+TEST_F(WanRun, ARunRemovesStaleTemporariesOfItsOwnOutputs) {
+  TempDir out;
+  const std::vector<std::string> stale = {".tiny-wan_u1r1_tc_False_32x48_0.mp4.tmp123456",
+                                          ".tiny-wan_u1r1_tc_False_32x48_0_frame0002.png.tmp9",
+                                          ".timings_rank0.json.tmp77"};
+  const std::vector<std::string> kept = {".tiny-wan_u1r1_tc_False_32x48_7.mp4.tmp1",
+                                         ".notes.txt.tmp5",
+                                         ".tiny-wan_u1r1_tc_False_32x48_0.mp4.tmpx"};
+  for (const auto& f : stale) std::ofstream(out / f) << "partial";
+  for (const auto& f : kept) std::ofstream(out / f) << "not this run's";
+  std::string log;
+  ASSERT_EQ(run_command(bin_ + " --model tiny-wan --prompt 'a cat' --num_inference_steps 1 " +
+                            "--output_directory " + out.path().string(),
+                        &log),
+            0)
+      << log;
+  for (const auto& f : stale) {
+    EXPECT_FALSE(fs::exists(out / f)) << f;
+    EXPECT_NE(log.find("removing " + (out / f).string() + " (left by an interrupted run)"),
+              std::string::npos)
+        << log;
+  }
+  for (const auto& f : kept) EXPECT_TRUE(fs::exists(out / f)) << f;
+}
+
 }  // namespace
