@@ -1,5 +1,6 @@
 #include "runner/image_input.h"
 
+#include <atomic>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -133,6 +134,15 @@ bool decode_jpeg(const std::string& bytes, std::vector<uint8_t>* pixels, int* he
                static_cast<unsigned long>(bytes.size()));
   jpeg_save_markers(&cinfo, JPEG_APP0 + 1, 0xFFFF);
   jpeg_read_header(&cinfo, TRUE);
+  // Before jpeg_start_decompress allocates anything for the frame.
+  const int64_t limit = max_image_pixels();
+  if (static_cast<int64_t>(cinfo.image_width) * cinfo.image_height > limit) {
+    *height = static_cast<int>(cinfo.image_height);
+    *width = static_cast<int>(cinfo.image_width);
+    jpeg_destroy_decompress(&cinfo);
+    *error = "too many pixels";
+    return false;
+  }
   *orientation = 1;
   for (jpeg_saved_marker_ptr m = cinfo.marker_list; m != nullptr; m = m->next) {
     if (m->marker == JPEG_APP0 + 1 && m->data_length >= 6 &&
@@ -165,8 +175,10 @@ at::Tensor read_jpeg(const fs::path& path, const std::string& bytes) {
   std::vector<uint8_t> pixels;
   int height = 0, width = 0, orientation = 1;
   std::string error;
-  XF_CHECK(decode_jpeg(bytes, &pixels, &height, &width, &orientation, &error),
-           "cannot decode JPEG image ", path.string(), ": ", error);
+  if (!decode_jpeg(bytes, &pixels, &height, &width, &orientation, &error)) {
+    if (error == "too many pixels") check_image_pixels(path, width, height, max_image_pixels());
+    XF_THROW("cannot decode JPEG image ", path.string(), ": ", error);
+  }
   at::Tensor image =
       at::empty({height, width, 3}, at::TensorOptions().dtype(at::kByte).device(at::kCPU));
   std::memcpy(image.data_ptr<uint8_t>(), pixels.data(), pixels.size());
@@ -199,7 +211,23 @@ at::Tensor read_png_rgb(const fs::path& path, const std::string& bytes) {
   }
 }
 
+std::atomic<int64_t> g_max_image_pixels{kDefaultMaxImagePixels};
+
 }  // namespace
+
+int64_t max_image_pixels() { return g_max_image_pixels.load(); }
+
+void set_max_image_pixels(int64_t pixels) {
+  XF_CHECK(pixels >= 1, "--max_input_pixels must be >= 1 (got ", pixels, ")");
+  g_max_image_pixels = pixels;
+}
+
+void check_image_pixels(const fs::path& path, int64_t width, int64_t height, int64_t limit) {
+  XF_CHECK(width * height <= limit, "image ", path.string(), " declares ", width, "x", height,
+           " = ", width * height, " pixels, more than the limit of ", limit,
+           " (a decompression-bomb guard, as PIL's; raise it with --max_input_pixels if the "
+           "picture is real)");
+}
 
 at::Tensor read_image(const fs::path& path) {
   XF_CONTEXT("reading image ", path.string());

@@ -16,6 +16,7 @@
 #include <sys/statvfs.h>
 
 #include "backends/error.h"
+#include "runner/image_input.h"
 
 namespace xfuser::runner {
 namespace fs = std::filesystem;
@@ -148,7 +149,8 @@ void write_png(const fs::path& path, const at::Tensor& image,
   write_file_atomic(path, encode_png(image, text));
 }
 
-at::Tensor read_png(const fs::path& path, std::map<std::string, std::string>* text) {
+at::Tensor read_png(const fs::path& path, std::map<std::string, std::string>* text,
+                    int64_t max_pixels) {
   XF_CONTEXT("reading PNG ", path.string());
   FILE* fp = std::fopen(path.c_str(), "rb");
   XF_CHECK(fp != nullptr, "cannot open ", path.string(), ": ", std::strerror(errno));
@@ -160,6 +162,8 @@ at::Tensor read_png(const fs::path& path, std::map<std::string, std::string>* te
     XF_CHECK(png && info, "libpng initialisation failed");
     png_init_io(png, fp);
     png_read_info(png, info);
+    check_image_pixels(path, png_get_image_width(png, info), png_get_image_height(png, info),
+                       max_pixels < 0 ? max_image_pixels() : max_pixels);
     png_set_strip_16(png);
     png_set_packing(png);
     if (png_get_color_type(png, info) == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
@@ -200,7 +204,9 @@ bool is_complete_png(const fs::path& path, int height, int width,
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return false;
   try {
-    const at::Tensor image = read_png(path, text);
+    // An output of this run's size is read whatever the input-picture limit.
+    const int64_t limit = height > 0 && width > 0 ? int64_t{height} * width : -1;
+    const at::Tensor image = read_png(path, text, limit);
     if (height > 0 && image.size(0) != height) return false;
     if (width > 0 && image.size(1) != width) return false;
   } catch (const xfuser::Error&) {

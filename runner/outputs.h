@@ -30,8 +30,10 @@ void write_png(const std::filesystem::path& path, const at::Tensor& image,
 
 // Decodes a PNG file to uint8 [H, W, C] (C = 1, 3 or 4) and its text chunks (tests, img2img),
 // as UTF-8 (tEXt / zTXt values are Latin-1 and converted; iTXt values are UTF-8 already).
+// A picture declaring more than `max_pixels` (width x height; < 0: image_input.h's
+// max_image_pixels()) is refused before any pixel is allocated.
 at::Tensor read_png(const std::filesystem::path& path,
-                    std::map<std::string, std::string>* text = nullptr);
+                    std::map<std::string, std::string>* text = nullptr, int64_t max_pixels = -1);
 
 // True when `path` holds a complete PNG: it decodes to its end (every chunk's CRC checked, IEND
 // reached) and, when `height`/`width` are > 0, has that size. Text chunks go to *text. Never

@@ -109,6 +109,11 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
       ->capture_default_str();
   app.add_option("--input_images", c.input_images, "Input image paths for image-to-image/video")
       ->group(kIn);
+  app.add_option("--max_input_pixels", c.max_input_pixels,
+                 "Largest input picture (width x height) decoded; a file declaring more is refused "
+                 "before decoding (PIL's decompression-bomb limit by default)")
+      ->group(kIn)
+      ->capture_default_str();
   app.add_option("--latents", c.latents,
                  "Initial latents: a safetensors file with tensor 'latents' [prompts, ...] in the "
                  "layout the model's diffusers pipeline takes (what --save_latents writes)")

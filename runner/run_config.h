@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "runner/image_input.h"
+
 namespace CLI {
 class App;
 }
@@ -55,6 +57,8 @@ struct RunConfig {
   std::optional<int> max_sequence_length;
   int64_t seed = 42;
   std::vector<std::string> input_images;
+  // The largest input picture (width x height) decoded; image_input.h's kDefaultMaxImagePixels.
+  int64_t max_input_pixels = kDefaultMaxImagePixels;
   // --latents: a safetensors file whose tensor "latents" holds the initial latents of every
   // prompt ([P, ...] in the layout of the model's diffusers pipeline `latents` argument).
   std::string latents;

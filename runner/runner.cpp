@@ -334,6 +334,7 @@ ResolvedArgs Runner::preprocess_args() const {
   if (spec.folder_defaults) spec.folder_defaults(resolve_model_dir(args), d);
   // The pictures, read once (errors name the file).
   std::vector<at::Tensor> pictures;
+  set_max_image_pixels(c.max_input_pixels);
   for (const auto& file : c.input_images) {
     pictures.push_back(read_image(file));
     args.input_image_digests.push_back(file_digest(file));

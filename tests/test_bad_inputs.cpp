@@ -270,6 +270,17 @@ std::vector<Case> cases() {
        {"nan.safetensors: tensor 'latents' holds NaN or Inf (first in row 0, prompt 0)"},
        1,
        {"loading tiny-flux"}},
+      // A picture declaring 100000 x 100000 pixels in 70 bytes: refused before decoding.
+      {"DecompressionBombPicture",
+       [](const fs::path& pipe, const fs::path& out) {
+         write_file(pipe / "bomb.png", xfuser::testing::png_declaring(100000, 100000));
+         return " --model tiny-wan-i2v --prompt x --input_images " + (pipe / "bomb.png").string() +
+                " --output_directory " + out.string();
+       },
+       {"bomb.png declares 100000x100000 = 10000000000 pixels, more than the limit of 178956970",
+        "--max_input_pixels"},
+       1,
+       {"loading"}},
       {"HugeLatentsFile",
        [](const fs::path& pipe, const fs::path& out) {
          xfuser::models::save_safetensors((pipe / "huge.safetensors").string(),

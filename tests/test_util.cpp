@@ -218,4 +218,22 @@ void check_resaved_pipeline(const std::string& name, const std::string& version)
   check_pipeline(name, folder, c10::Device(c10::kCPU), refs);
 }
 
+std::string png_declaring(uint32_t width, uint32_t height) {
+  std::string png = xfuser::runner::encode_png(at::zeros({1, 1, 3}, at::kByte), {});
+  // Signature (8), IHDR length (4), "IHDR" at 12, width at 16, height at 20, CRC of type + data
+  // (17 bytes from 12) at 29.
+  auto put32 = [&png](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) png[at + i] = static_cast<char>((v >> (24 - 8 * i)) & 0xFF);
+  };
+  put32(16, width);
+  put32(20, height);
+  uint32_t crc = 0xFFFFFFFFU;  // CRC-32 (ISO 3309), as PNG's chunks use
+  for (size_t i = 12; i < 29; ++i) {
+    crc ^= static_cast<unsigned char>(png[i]);
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320U & (0U - (crc & 1U)));
+  }
+  put32(29, crc ^ 0xFFFFFFFFU);
+  return png;
+}
+
 }  // namespace xfuser::testing

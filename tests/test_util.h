@@ -74,6 +74,10 @@ void check_pipeline(const std::string& name, const std::filesystem::path& folder
 void check_resaved_pipeline(const std::string& name, const std::string& version);
 
 // Fails unless `fn` throws an xfuser::Error whose text contains every needle.
+// The bytes of a valid 1x1 RGB PNG whose header (IHDR, its CRC fixed) declares width x height:
+// what a decompression bomb looks like to a reader that trusts the header.
+std::string png_declaring(uint32_t width, uint32_t height);
+
 void expect_error_containing(const std::function<void()>& fn,
                              const std::vector<std::string>& needles);
 

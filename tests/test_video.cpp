@@ -441,4 +441,44 @@ TEST(ImageInput, BadFilesNameTheFile) {
   expect_error_containing([&] { read_image(dir.path()); }, {dir.path().string(), "folder"});
 }
 
+// Declared sizes are checked against the pixel limit before any pixel is allocated: a tiny file
+// declaring 100000 x 100000 (PNG) or 60000 x 60000 (JPEG) is refused naming the file and sizes.
+TEST(ImageInput, DeclaredSizesAreCheckedBeforeDecoding) {
+  TempDir dir;
+  write_text(dir / "bomb.png", xfuser::testing::png_declaring(100000, 100000));
+  expect_error_containing(
+      [&] { read_image(dir / "bomb.png"); },
+      {(dir / "bomb.png").string(), "declares 100000x100000 = 10000000000 pixels",
+       "more than the limit of 178956970", "--max_input_pixels"});
+  // read_png itself (the resume check's reader) checks the same limit.
+  expect_error_containing([&] { xfuser::runner::read_png(dir / "bomb.png"); },
+                          {"declares 100000x100000"});
+
+  write_jpeg(dir / "small.jpg", random_image(8, 8, 3), 90);
+  std::string jpeg = read_text(dir / "small.jpg");
+  const size_t sof = jpeg.find("\xFF\xC0");  // baseline frame header: FFC0 len(2) P(1) Y(2) X(2)
+  ASSERT_NE(sof, std::string::npos);
+  for (size_t at : {sof + 5, sof + 7}) {
+    jpeg[at] = static_cast<char>(60000 >> 8);
+    jpeg[at + 1] = static_cast<char>(60000 & 0xFF);
+  }
+  write_text(dir / "bomb.jpg", jpeg);
+  expect_error_containing(
+      [&] { read_image(dir / "bomb.jpg"); },
+      {(dir / "bomb.jpg").string(), "declares 60000x60000 = 3600000000 pixels"});
+
+  // The limit is a setting: lowered, an 8 x 8 picture is refused; raised back, it is read.
+  xfuser::runner::set_max_image_pixels(63);
+  expect_error_containing([&] { read_image(dir / "small.jpg"); },
+                          {"declares 8x8 = 64 pixels, more than the limit of 63"});
+  write_png(dir / "small.png", random_image(8, 8, 3));
+  expect_error_containing([&] { read_image(dir / "small.png"); }, {"declares 8x8 = 64 pixels"});
+  xfuser::runner::set_max_image_pixels(64);
+  EXPECT_EQ(read_image(dir / "small.jpg").sizes(), (std::vector<int64_t>{8, 8, 3}));
+  EXPECT_EQ(read_image(dir / "small.png").sizes(), (std::vector<int64_t>{8, 8, 3}));
+  xfuser::runner::set_max_image_pixels(xfuser::runner::kDefaultMaxImagePixels);
+  expect_error_containing([&] { xfuser::runner::set_max_image_pixels(0); },
+                          {"--max_input_pixels must be >= 1"});
+}
+
 }  // namespace

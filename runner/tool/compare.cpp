@@ -20,6 +20,7 @@ void register_compare(CLI::App& app) {
     std::string a;
     std::string b;
     bool json = false;
+    int64_t max_pixels = kDefaultMaxImagePixels;
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
@@ -27,7 +28,11 @@ void register_compare(CLI::App& app) {
   cmd->add_option("a", opts->a, "First picture")->required();
   cmd->add_option("b", opts->b, "Second picture (the reference)")->required();
   cmd->add_flag("--json", opts->json, "One JSON object: a, b, psnr_db (null when equal), max_diff");
+  cmd->add_option("--max_input_pixels", opts->max_pixels,
+                  "Largest picture (width x height) decoded; a file declaring more is refused")
+      ->capture_default_str();
   cmd->callback([opts] {
+    set_max_image_pixels(opts->max_pixels);
     const at::Tensor a = read_image(opts->a);
     const at::Tensor b = read_image(opts->b);
     XF_CHECK(a.sizes() == b.sizes(), "compare: ", opts->a, " is ", a.size(1), "x", a.size(0),
