@@ -13,6 +13,7 @@
 
 #include "backends/backend.h"
 #include "backends/kernels.h"
+#include "backends/threads.h"
 #include "models/common/component.h"
 #include "models/common/kernels.h"
 #include "models/common/layers.h"
@@ -113,6 +114,24 @@ TEST(Backend, CpuMemoryStatsReadTheProcess) {
   EXPECT_GT(m.peak_bytes, 0);
   EXPECT_GT(m.allocated_bytes, 0);
   EXPECT_GE(m.peak_bytes, m.allocated_bytes);
+}
+
+// OMP_NUM_THREADS is honoured up to the cores available and capped beyond (libtorch would create
+// a pool of that many threads); anything that is not a positive count falls back to a fair share.
+TEST(Threads, OmpNumThreadsIsCappedAtTheCoresAndCheckedForSense) {
+  using xfuser::threads_per_rank;
+  EXPECT_EQ(threads_per_rank(nullptr, 8, 2), 4);
+  EXPECT_EQ(threads_per_rank("", 8, 3), 2);
+  EXPECT_EQ(threads_per_rank(nullptr, 2, 4), 1);
+  EXPECT_EQ(threads_per_rank("3", 8, 2), 3);
+  EXPECT_EQ(threads_per_rank("4,2", 8, 1), 4);  // an OpenMP list: the first level
+  EXPECT_EQ(threads_per_rank("8", 8, 1), 8);
+  EXPECT_EQ(threads_per_rank("9", 8, 1), 8);
+  EXPECT_EQ(threads_per_rank("100000", 8, 1), 8);
+  for (const char* bad : {"0", "-3", "abc", "4x", " "}) {
+    EXPECT_EQ(threads_per_rank(bad, 8, 2), 4) << bad;
+  }
+  EXPECT_GE(xfuser::available_cores(), 1);
 }
 
 TEST(Kernels, NormModulateFusedMatchesEager) {

@@ -440,6 +440,21 @@ TEST(BadInputErrorOutput, TheFirstLineIsTheReason) {
   EXPECT_EQ(log.find("[rank -1]"), std::string::npos) << log;
 }
 
+// A thread count far beyond the machine's cores is capped, with a warning naming it, and the run
+// completes (uncapped, libtorch creates every thread first: minutes, deaf to SIGTERM).
+TEST(BadInputEnvironment, AHugeThreadCountIsCappedWithAWarning) {
+  xfuser::testing::TempDir cache("xfuser-bad-cache"), out;
+  std::string log;
+  EXPECT_EQ(
+      xfuser::testing::run_command(
+          "XFUSER_CACHE=" + cache.path().string() + " OMP_NUM_THREADS=100000 timeout -s KILL 120 " +
+              bin("xfuser-run") + kRun + " --output_directory " + out.path().string(),
+          &log),
+      0)
+      << log;
+  EXPECT_NE(log.find("OMP_NUM_THREADS=100000 exceeds the "), std::string::npos) << log;
+}
+
 // The free-space check runs before any compute: a run that cannot fit is refused with the sizes.
 TEST(BadInputFreeSpace, AFullOutputFolderIsRefusedWithTheSizes) {
   xfuser::testing::TempDir out;

@@ -22,6 +22,7 @@
 #include "backends/device.h"
 #include "backends/dtype.h"
 #include "backends/error.h"
+#include "backends/threads.h"
 #include "models/common/component.h"
 #include "models/common/layers.h"
 #include "models/dit/dit_parallel.h"
@@ -52,23 +53,9 @@ struct ForwardOptions {
   double comm_timeout = 600.0;
 };
 
-// libtorch intra-op threads from OMP_NUM_THREADS when it starts with a positive integer (OpenMP
-// also allows lists such as "4,2": the first level counts); anything else is left to libtorch.
-void apply_thread_setting() {
-  const char* env = std::getenv("OMP_NUM_THREADS");
-  if (!env || !*env) return;
-  char* end = nullptr;
-  const long n = std::strtol(env, &end, 10);
-  if (end == env || n <= 0) {
-    spdlog::warn("forward: ignoring OMP_NUM_THREADS='{}' (not a positive integer)", env);
-    return;
-  }
-  at::set_num_threads(static_cast<int>(n));
-}
-
 void run_forward(const ForwardOptions& opts) {
   XF_CONTEXT("xfuser forward --model-dir ", opts.model_dir);
-  apply_thread_setting();
+  configure_threads(1);  // OMP_NUM_THREADS, capped at the cores available
   c10::InferenceMode inference;
   const auto dtype = xfuser::backends::parse_dtype(opts.dtype);
   // Before any CUDA or NCCL call; --device cuda without one is an error on every rank.
