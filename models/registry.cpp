@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <fstream>
 #include <mutex>
 #include <sstream>
 
@@ -14,6 +15,29 @@ namespace xfuser::models {
 
 // Generated from the models/*/family.cpp files (models/CMakeLists.txt).
 void register_all_families();
+
+void check_component_classes(const ModelSpec& spec, const std::filesystem::path& pipeline_dir) {
+  for (const auto& [name, classes] : spec.component_classes) {
+    const std::filesystem::path file = pipeline_dir / name / "config.json";
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(file, ec)) continue;  // the loaders name what is missing
+    nlohmann::json config;
+    try {
+      std::ifstream in(file, std::ios::binary);
+      config = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      XF_THROW("malformed ", file.string(), ": not valid JSON: ", e.what());
+    }
+    const auto it = config.is_object() ? config.find("_class_name") : config.end();
+    if (it == config.end() || !it->is_string()) continue;  // the component's reader says so
+    const std::string held = it->get<std::string>();
+    if (std::find(classes.begin(), classes.end(), held) != classes.end()) continue;
+    std::string wanted;
+    for (size_t i = 0; i < classes.size(); ++i) wanted += (i ? " or " : "") + classes[i];
+    XF_THROW(file.string(), " holds a ", held, ", but ", spec.id, " needs a ", wanted, " as its ",
+             name, " (is the folder another model's, or its model_index.json another pipeline's?)");
+  }
+}
 
 std::string to_string(Task task) {
   switch (task) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -89,6 +90,10 @@ struct ModelSpec {
   // read), throwing an error naming the flag; returns the memory one rank needs. Null: none.
   std::function<MemoryEstimate(const std::filesystem::path& pipeline_dir, const RunLayout&)>
       check_run;
+  // The diffusers classes the weight components' config.json `_class_name` must hold
+  // ("transformer" -> {"FluxTransformer2DModel"}): a folder holding another family's transformer
+  // or VAE is refused by check_component_classes before anything is parsed or loaded.
+  std::map<std::string, std::vector<std::string>> component_classes;
   // The family (models/<family>/) that registered this model.
   std::string family;
   // diffusers pipeline classes (model_index.json `_class_name`) this model runs: `--model_path
@@ -135,6 +140,11 @@ struct Family {
   std::function<void()> register_components;
   std::vector<TinyArch> tiny_archs;
 };
+
+// For each of spec.component_classes present in the pipeline folder (a config.json), throws
+// naming the file, the class it holds, the model and the classes it needs, when they differ. Part
+// of the check before loading that xfuser-run and `xfuser validate` share.
+void check_component_classes(const ModelSpec& spec, const std::filesystem::path& pipeline_dir);
 
 class FamilyRegistry {
  public:

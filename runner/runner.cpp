@@ -26,6 +26,7 @@
 #include "backends/tensor_util.h"
 #include "models/dit/dit_pipefusion.h"
 #include "models/registry.h"
+#include "models/schedulers/scheduler_config.h"
 #include "models/weights/hub_cache.h"
 #include "models/weights/safetensors.h"
 #include "parallel/process_groups.h"
@@ -325,6 +326,16 @@ ResolvedArgs Runner::preprocess_args() const {
   for (size_t i = 0; i < c.prompt.size(); ++i) {
     XF_CHECK(!c.prompt[i].empty(), "--prompt ", i, " is empty");
   }
+  // Text must be UTF-8 before anything loads; the offset is the byte's in the prompt as given
+  // (the tokenizer would find it later, at an offset into the model's prompt template).
+  for (const auto& [flag, texts] :
+       {std::pair{"--prompt", &c.prompt}, std::pair{"--negative_prompt", &c.negative_prompt}}) {
+    for (size_t i = 0; i < texts->size(); ++i) {
+      size_t offset = 0;
+      XF_CHECK(find_invalid_utf8((*texts)[i], &offset) == 0, flag, " ", i,
+               " is not valid UTF-8 (byte offset ", offset, ")");
+    }
+  }
   XF_CHECK(c.negative_prompt.empty() || c.negative_prompt.size() == 1 ||
                (!dataset && c.negative_prompt.size() == c.prompt.size()),
            "--negative_prompt: give one, or one per --prompt (", c.prompt.size(), "), got ",
@@ -573,6 +584,8 @@ uint64_t available_memory_bytes() {
 std::optional<models::MemoryEstimate> check_before_loading(const ResolvedArgs& args,
                                                            const fs::path& model_dir) {
   XF_CONTEXT("checking the run against ", model_dir.string());
+  models::check_component_classes(*args.spec, model_dir);
+  models::schedulers::check_scheduler_folder(model_dir / "scheduler");
   if (!args.spec->check_run) return std::nullopt;
   const models::MemoryEstimate m = args.spec->check_run(model_dir, run_layout(args));
   // Ranks on this node share its memory.

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -430,6 +431,92 @@ TEST_F(XfuserRun, TheApiExampleGeneratesAnImage) {
       << log;
   at::Tensor img = xfuser::runner::read_png(out / "tiny-flux_u1r1_tc_False_256x256_0.png");
   EXPECT_EQ(img.sizes(), (std::vector<int64_t>{256, 256, 3}));
+}
+
+// `xfuser validate` agrees with xfuser-run both ways: every tiny pipeline layout validates, and a
+// folder the run refuses is refused by validate with the same reason, before any weight is read.
+TEST_F(XfuserRun, ValidateAgreesWithTheRun) {
+  const std::string tool = (xfuser::testing::binary_dir() / "bin" / "xfuser").string();
+  xfuser::testing::TempDir dir, out;
+  std::string log;
+  for (const char* arch :
+       {"flux", "flux-kontext", "flux2", "sd3", "sd3-no-t5", "wan-t2v", "wan-i2v", "wan22-t2v",
+        "wan22-i2v", "hunyuan-video", "hunyuan-video15", "hunyuan-video15-i2v"}) {
+    ASSERT_EQ(xfuser::testing::run_command(
+                  tool + " make-tiny --arch " + arch + " --out " + (dir / arch).string(), &log),
+              0)
+        << log;
+    EXPECT_EQ(xfuser::testing::run_command(
+                  tool + " validate --model_path " + (dir / arch).string() + " --prompt x", &log),
+              0)
+        << arch << "\n"
+        << log;
+    EXPECT_NE(log.find("\nvalid"), std::string::npos) << arch << "\n" << log;
+  }
+  auto edit = [](const fs::path& file, const std::function<void(nlohmann::json&)>& change) {
+    std::ifstream in(file);
+    auto j = nlohmann::json::parse(in);
+    change(j);
+    std::ofstream(file) << j.dump();
+  };
+  struct Broken {
+    std::string name, arch;
+    std::function<void(const fs::path&)> edit;
+    std::string expected;
+  };
+  const std::vector<Broken> broken = {
+      {"no-boundary", "wan22-t2v",
+       [&](const fs::path& p) {
+         edit(p / "model_index.json", [](auto& j) { j.erase("boundary_ratio"); });
+       },
+       "lists a transformer_2 but no boundary_ratio in (0, 1)"},
+      {"boundary-2", "wan22-t2v",
+       [&](const fs::path& p) {
+         edit(p / "model_index.json", [](auto& j) { j["boundary_ratio"] = 2.0; });
+       },
+       "lists a transformer_2 but no boundary_ratio in (0, 1)"},
+      {"boundary-high", "wan22-t2v",
+       [&](const fs::path& p) {
+         edit(p / "model_index.json", [](auto& j) { j["boundary_ratio"] = "high"; });
+       },
+       "'boundary_ratio' is a pipeline setting and must be a number, got \"high\""},
+      {"flow-shift-0", "wan-t2v",
+       [&](const fs::path& p) {
+         edit(p / "scheduler" / "scheduler_config.json", [](auto& j) { j["flow_shift"] = 0; });
+       },
+       "scheduler config: flow_shift must be a number in (0, 1000] (got 0)"},
+      {"shift-negative", "hunyuan-video15",
+       [&](const fs::path& p) {
+         edit(p / "scheduler" / "scheduler_config.json", [](auto& j) { j["shift"] = -3; });
+       },
+       "scheduler config: shift must be a number in (0, 1000] (got -3)"},
+      {"flux2-over-flux1", "flux2",
+       [&](const fs::path& p) {
+         fs::remove_all(p / "transformer");
+         fs::copy(dir / "flux" / "transformer", p / "transformer", fs::copy_options::recursive);
+       },
+       "transformer/config.json holds a FluxTransformer2DModel, but FLUX.2-dev needs a "
+       "Flux2Transformer2DModel as its transformer"},
+      {"flux-over-wan", "wan-t2v",
+       [&](const fs::path& p) {
+         fs::remove_all(p / "transformer");
+         fs::copy(dir / "flux" / "transformer", p / "transformer", fs::copy_options::recursive);
+       },
+       "holds a FluxTransformer2DModel, but Wan2.1-T2V needs a WanTransformer3DModel"},
+  };
+  for (const auto& b : broken) {
+    const fs::path p = dir / b.name;
+    fs::copy(dir / b.arch, p, fs::copy_options::recursive);
+    b.edit(p);
+    const std::string args = " --model_path " + p.string() + " --prompt x --num_inference_steps 1" +
+                             " --output_directory " + out.path().string();
+    EXPECT_NE(xfuser::testing::run_command(tool + " validate" + args, &log), 0) << b.name;
+    EXPECT_NE(log.find(b.expected), std::string::npos) << b.name << " (validate)\n" << log;
+    EXPECT_NE(run(args, &log), 0) << b.name;
+    EXPECT_NE(log.find(b.expected), std::string::npos) << b.name << " (xfuser-run)\n" << log;
+    EXPECT_EQ(log.find("] loading "), std::string::npos) << b.name << " (xfuser-run)\n" << log;
+  }
+  EXPECT_TRUE(fs::is_empty(out.path()));
 }
 
 TEST_F(XfuserRun, ValidateChecksFlagsMeshAndWeightsWithoutRunning) {

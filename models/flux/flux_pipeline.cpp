@@ -325,6 +325,7 @@ std::vector<ModelSpec> model_specs() {
   dev.description = "FLUX.1 [dev], 12B rectified-flow transformer, distilled guidance";
   dev.create = create;
   dev.check_run = check_flux_run;
+  dev.component_classes = {{"transformer", {"FluxTransformer2DModel"}}, {"vae", {"AutoencoderKL"}}};
 
   ModelSpec tiny = dev;
   tiny.id = "tiny-flux";

@@ -385,6 +385,8 @@ std::vector<ModelSpec> model_specs() {
     return std::make_unique<Flux2Model>(spec);
   };
   dev.check_run = check_flux2_run;
+  dev.component_classes = {{"transformer", {"Flux2Transformer2DModel"}},
+                           {"vae", {"AutoencoderKLFlux2"}}};
   dev.pipeline_classes = {"Flux2Pipeline"};
   dev.size_from_picture = [](const fs::path&, int64_t height, int64_t width) {
     const auto [h, w] = reference_size(height, width, 16);

@@ -429,6 +429,8 @@ std::vector<ModelSpec> model_specs() {
     return std::make_unique<HunyuanVideoModel>(spec);
   };
   hv.check_run = check_hunyuan_video_run;
+  hv.component_classes = {{"transformer", {"HunyuanVideoTransformer3DModel"}},
+                          {"vae", {"AutoencoderKLHunyuanVideo"}}};
   hv.pipeline_classes = {"HunyuanVideoPipeline"};
 
   ModelSpec tiny = hv;

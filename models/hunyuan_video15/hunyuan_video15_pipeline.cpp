@@ -537,6 +537,8 @@ std::vector<ModelSpec> model_specs() {
     return std::make_unique<HunyuanVideo15Model>(spec);
   };
   hv.check_run = check_hunyuan_video15_run;
+  hv.component_classes = {{"transformer", {"HunyuanVideo15Transformer3DModel"}},
+                          {"vae", {"AutoencoderKLHunyuanVideo15"}}};
   hv.pipeline_classes = {"HunyuanVideo15Pipeline"};
 
   ModelSpec i2v = hv;

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <fstream>
 
+#include "models/schedulers/flow_match_euler.h"
+#include "models/schedulers/unipc_multistep.h"
+
 namespace xfuser::models::schedulers {
 
 std::filesystem::path scheduler_config_file(const std::filesystem::path& path) {
@@ -24,6 +27,20 @@ nlohmann::json read_scheduler_config(const std::filesystem::path& path) {
 void check_flow_shift(double shift, std::string_view what) {
   XF_CHECK(std::isfinite(shift) && shift > 0 && shift <= kMaxFlowShift, what,
            " must be a number in (0, ", kMaxFlowShift, "] (got ", shift, ")");
+}
+
+void check_scheduler_folder(const std::filesystem::path& path) {
+  const std::filesystem::path file = scheduler_config_file(path);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) return;
+  const nlohmann::json json = read_scheduler_config(path);
+  const std::string name = json.is_object() ? json.value("_class_name", "") : "";
+  if (name == "UniPCMultistepScheduler") {
+    UniPCMultistepConfig::from_file(path);
+  } else {
+    // FlowMatchEuler's reader names any other class it is given.
+    FlowMatchEulerConfig::from_file(path);
+  }
 }
 
 std::vector<double> linspace(double start, double stop, int64_t n) {

@@ -36,6 +36,12 @@ T config_value(const nlohmann::json& json, const char* key, T fallback) {
 inline constexpr double kMaxFlowShift = 1000.0;
 void check_flow_shift(double shift, std::string_view what);
 
+// Reads a pipeline's scheduler folder (or scheduler_config.json) with the reader of the class its
+// `_class_name` names (FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler), so every value
+// the run would refuse is refused before loading; another class is an error naming it and the
+// file. A folder without scheduler_config.json is left to the loader, which names it.
+void check_scheduler_folder(const std::filesystem::path& path);
+
 // np.linspace(start, stop, n) in float64 (endpoint included, last element exactly stop).
 std::vector<double> linspace(double start, double stop, int64_t n);
 

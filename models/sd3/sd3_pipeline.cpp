@@ -285,6 +285,8 @@ std::vector<ModelSpec> model_specs() {
       "Stable Diffusion 3.5 Large: MMDiT with QK norms, CLIP-L + CLIP-G + T5-XXL, true CFG";
   large.create = create;
   large.check_run = check_sd3_run;
+  large.component_classes = {{"transformer", {"SD3Transformer2DModel"}},
+                             {"vae", {"AutoencoderKL"}}};
   large.pipeline_classes = {"StableDiffusion3Pipeline"};
 
   ModelSpec medium = large;

@@ -74,11 +74,18 @@ schedulers::UniPCMultistepConfig scheduler_config(const fs::path& path,
   return config;
 }
 
-}  // namespace
+struct WanFolder {
+  bool i2v = false;          // WanImageToVideoPipeline
+  bool clip = false;         // an image_encoder (Wan 2.1 image-to-video)
+  bool two_experts = false;  // transformer_2 (Wan 2.2 A14B)
+  std::optional<double> boundary_ratio;
+};
 
-void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& options) {
-  register_builtin_components();
-  dtype_ = options.dtype;
+// model_index.json's layout of a Wan folder, checked: its components, the image-to-video parts,
+// Wan 2.2's two experts and boundary_ratio. One reader for the run's load and check_wan_run (so
+// `xfuser validate` refuses what the run refuses).
+WanFolder read_wan_folder(const fs::path& dir) {
+  WanFolder f;
   const nlohmann::json index = read_model_index(dir);
   const std::string index_path = (dir / "model_index.json").string();
   for (const char* name : {"scheduler", "text_encoder", "tokenizer", "transformer", "vae"}) {
@@ -88,24 +95,23 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
     XF_CHECK(fs::is_directory(dir / name), "Wan pipeline folder ", dir.string(), " has no ", name,
              "/ folder (listed in model_index.json)");
   }
-  i2v_ = index.value("_class_name", "") == "WanImageToVideoPipeline";
-  clip_ = listed(index, "image_encoder");
-  XF_CHECK(clip_ == listed(index, "image_processor"), index_path,
+  f.i2v = index.value("_class_name", "") == "WanImageToVideoPipeline";
+  f.clip = listed(index, "image_encoder");
+  XF_CHECK(f.clip == listed(index, "image_processor"), index_path,
            ": image_encoder and image_processor must be given together (Wan2.1 image-to-video) "
            "or both be absent");
-  XF_CHECK(!clip_ || i2v_, index_path, ": an image_encoder in a ", index.value("_class_name", "?"),
-           " folder (only WanImageToVideoPipeline takes one)");
+  XF_CHECK(!f.clip || f.i2v, index_path, ": an image_encoder in a ",
+           index.value("_class_name", "?"), " folder (only WanImageToVideoPipeline takes one)");
   // Wan 2.2 A14B: a high-noise expert (transformer) and a low-noise one (transformer_2), switched
   // at boundary_ratio * num_train_timesteps.
-  two_experts_ = listed(index, "transformer_2");
-  boundary_ratio_.reset();
-  if (two_experts_) {
+  f.two_experts = listed(index, "transformer_2");
+  if (f.two_experts) {
     auto it = index.find("boundary_ratio");
     XF_CHECK(it != index.end() && it->is_number() && it->get<double>() > 0 && it->get<double>() < 1,
              index_path,
              " lists a transformer_2 but no boundary_ratio in (0, 1) (the timestep fraction where "
              "the low-noise expert takes over)");
-    boundary_ratio_ = it->get<double>();
+    f.boundary_ratio = it->get<double>();
   } else {
     // diffusers hands the low-noise steps to a transformer_2 that is not there: refused here
     // rather than run with the one expert.
@@ -115,8 +121,22 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
   }
   XF_CHECK(!index.value("expand_timesteps", false), index_path,
            ": expand_timesteps (Wan2.2 TI2V-5B's per-token timesteps) is not supported");
+  // The scheduler as the run reads it (a flow_shift out of range, a non-flow setup).
+  scheduler_config(dir / "scheduler" / "scheduler_config.json", std::nullopt, std::nullopt);
+  return f;
+}
+
+}  // namespace
+
+void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& options) {
+  register_builtin_components();
+  dtype_ = options.dtype;
+  const WanFolder folder = read_wan_folder(dir);
+  i2v_ = folder.i2v;
+  clip_ = folder.clip;
+  two_experts_ = folder.two_experts;
+  boundary_ratio_ = folder.boundary_ratio;
   scheduler_config_ = dir / "scheduler" / "scheduler_config.json";
-  scheduler_config(scheduler_config_, std::nullopt, std::nullopt);  // fail before any compute
   XF_CHECK(!options.enable_tiling, "--enable_tiling is not supported by the Wan VAE yet");
 
   tokenizer_ = tokenizers::load_tokenizer(dir / "tokenizer");
@@ -448,10 +468,8 @@ MemoryEstimate check_wan_run(const fs::path& dir, const RunLayout& run) {
   XF_CHECK(run.num_frames >= 1 && (run.num_frames - 1) % temporal == 0, "--num_frames ",
            run.num_frames, " is not ", temporal, "k + 1 frames, which the Wan VAE needs (",
            vae_folder.config_path, ")");
-  const nlohmann::json index = read_model_index(dir);
-  const bool i2v = index.value("_class_name", "") == "WanImageToVideoPipeline";
-  const bool clip = listed(index, "image_encoder");
-  const bool two_experts = listed(index, "transformer_2");
+  const WanFolder folder = read_wan_folder(dir);
+  const bool i2v = folder.i2v, clip = folder.clip, two_experts = folder.two_experts;
   XF_CHECK(!i2v || run.pipefusion == 1,
            "--pipefusion_parallel_degree is not supported for Wan image-to-video yet (",
            dir.string(), ")");
@@ -507,6 +525,9 @@ std::vector<ModelSpec> model_specs() {
       "UniPC, true CFG; MP4 output";
   t2v.create = create;
   t2v.check_run = check_wan_run;
+  t2v.component_classes = {{"transformer", {"WanTransformer3DModel"}},
+                           {"transformer_2", {"WanTransformer3DModel"}},
+                           {"vae", {"AutoencoderKLWan"}}};
   t2v.pipeline_classes = {"WanPipeline"};
 
   ModelSpec tiny = t2v;

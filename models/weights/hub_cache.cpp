@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "backends/error.h"
@@ -113,10 +114,22 @@ nlohmann::json read_model_index(const fs::path& dir) {
   }
   XF_CHECK(index.is_object(), "malformed ", path.string(), ": expected a JSON object, got ",
            index.type_name());
+  // Pipeline settings registered beside the components, by the type diffusers gives them.
+  static const std::map<std::string, bool> kSettings = {// key -> true: a number, false: a bool
+                                                        {"boundary_ratio", true},
+                                                        {"expand_timesteps", false},
+                                                        {"force_zeros_for_empty_prompt", false},
+                                                        {"requires_safety_checker", false},
+                                                        {"is_distilled", false}};
   for (const auto& [key, value] : index.items()) {
     if (!key.empty() && key[0] == '_') continue;
-    // Pipeline config values registered beside the components (Wan 2.2's boundary_ratio and
-    // expand_timesteps, SDXL's force_zeros_for_empty_prompt) are numbers and booleans.
+    if (const auto it = kSettings.find(key); it != kSettings.end()) {
+      XF_CHECK(value.is_null() || (it->second ? value.is_number() : value.is_boolean()),
+               "malformed ", path.string(), ": '", key, "' is a pipeline setting and must be ",
+               it->second ? "a number" : "true or false", ", got ", value.dump());
+      continue;
+    }
+    // Other settings (of pipelines not listed above) are numbers and booleans as well.
     if (value.is_number() || value.is_boolean() || value.is_null()) continue;
     const bool pair = value.is_array() && value.size() == 2 &&
                       ((value[0].is_string() && value[1].is_string()) ||

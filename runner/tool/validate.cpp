@@ -11,6 +11,7 @@
 
 #include "backends/error.h"
 #include "models/common/component.h"
+#include "models/image/clip_image_processor.h"
 #include "models/registry.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/weights/component_folder.h"
@@ -71,17 +72,28 @@ void validate(const CLI::App& cmd, const RunConfig& config, int world_size) {
       std::cout << name << ": ok (" << component->class_name() << ", "
                 << component->num_parameters() << " parameters)\n";
     } else if (fs::exists(sub / "vocab.json") || fs::exists(sub / "spiece.model") ||
-               fs::exists(sub / "tokenizer.json")) {
-      // CLIP / GPT-2 BPE, sentencepiece, or a tokenizers-library file alone (Llama's fast
-      // tokenizer, Mistral's Tekken-style processor folder).
+               fs::exists(sub / "tokenizer.json") || fs::exists(sub / "tokenizer_config.json")) {
+      // CLIP / GPT-2 BPE, sentencepiece, a tokenizers-library file alone (Llama's fast
+      // tokenizer, Mistral's Tekken-style processor folder), or a configuration alone (ByT5).
       auto tok = models::tokenizers::load_tokenizer(sub);
       std::cout << name << ": ok (" << tok->kind() << " tokenizer, " << tok->size() << " ids)\n";
     } else if (fs::exists(sub / "scheduler_config.json")) {
+      // Read by the check above, with the reader the run uses.
       std::cout << name << ": ok\n";
+    } else if (fs::exists(sub / "preprocessor_config.json")) {
+      // An image processor (Wan 2.1's CLIPImageProcessor, HunyuanVideo-1.5's SigLIP one), read as
+      // the run reads it.
+      models::image::ClipImageProcessorConfig::from_file(
+          (sub / "preprocessor_config.json").string());
+      std::cout << name << ": ok (image processor)\n";
+    } else if (fs::exists(sub / "guider_config.json")) {
+      // HunyuanVideo-1.5's guider: read by the flags' check above (its guidance_scale is a
+      // default of the run).
+      std::cout << name << ": ok (guider)\n";
     } else {
       XF_THROW(sub.string(),
-               " (listed in model_index.json) has no config.json, tokenizer files "
-               "or scheduler_config.json");
+               " (listed in model_index.json) has no config.json, tokenizer files, "
+               "scheduler_config.json, preprocessor_config.json or guider_config.json");
     }
   }
   std::cout << "valid\n";
