@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -282,14 +283,26 @@ void ensure_writable_directory(const fs::path& dir) {
            " is not writable: ", std::strerror(errno));
 }
 
+std::string byte_size_text(uint64_t bytes) {
+  static const char* const kUnits[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int unit = 0;
+  while (unit < 6 && bytes >= (uint64_t{1} << (10 * (unit + 1)))) ++unit;
+  if (unit == 0) return std::to_string(bytes) + " bytes";
+  const double tenths =
+      std::floor(static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << (10 * unit)) * 10);
+  char text[48];
+  std::snprintf(text, sizeof(text), "%.1f %s", tenths / 10, kUnits[unit]);
+  return text;
+}
+
 void check_free_space(const fs::path& dir, uint64_t bytes, const std::string& what) {
   struct statvfs st {};
   XF_CHECK(::statvfs(dir.c_str(), &st) == 0, "--output_directory ", dir.string(),
            ": cannot read the free space: ", std::strerror(errno));
   const uint64_t available = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
-  auto mib = [](uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; };
-  XF_CHECK(available >= bytes, "--output_directory ", dir.string(), " has ", mib(available),
-           " free, but ", what, " need about ", mib(bytes), " (", bytes, " bytes)");
+  XF_CHECK(available >= bytes, "--output_directory ", dir.string(), " has ",
+           byte_size_text(available), " free, but ", what, " need about ", byte_size_text(bytes),
+           " (", bytes, " bytes)");
 }
 
 }  // namespace xfuser::runner

@@ -78,6 +78,10 @@ class OutputDirectoryLock {
 // Checks that `dir` exists (creating it if needed) and is writable; error names the folder.
 void ensure_writable_directory(const std::filesystem::path& dir);
 
+// A byte count in the largest binary unit that keeps the value >= 1, one decimal, rounded down
+// (200 KiB is "200.0 KiB", not "1 MiB"; under 1 KiB: "512 bytes").
+std::string byte_size_text(uint64_t bytes);
+
 // Checks that the file system of `dir` has at least `bytes` available to this user; the error
 // names the folder, both sizes and `what` is to be written.
 void check_free_space(const std::filesystem::path& dir, uint64_t bytes, const std::string& what);

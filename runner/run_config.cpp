@@ -284,6 +284,11 @@ void validate_values(const RunConfig& c) {
   }
   XF_CHECK(std::isfinite(c.comm_timeout) && c.comm_timeout > 0,
            "--comm_timeout must be a positive number of seconds (got ", c.comm_timeout, ")");
+  // Collectives count their timeout in whole milliseconds.
+  XF_CHECK(c.comm_timeout >= 0.001,
+           "--comm_timeout must be at least 0.001 seconds (one "
+           "millisecond, the timeouts' unit), got ",
+           c.comm_timeout);
   if (c.num_inference_steps) positive("--num_inference_steps", *c.num_inference_steps);
   if (c.batch_size) positive("--batch_size", *c.batch_size);
   for (auto [flag, value] : {std::pair{"--height", c.height}, std::pair{"--width", c.width}}) {

@@ -354,6 +354,14 @@ ResolvedArgs Runner::preprocess_args() const {
   if (spec.size_from_picture && !pictures.empty()) {
     const auto [h, w] =
         spec.size_from_picture(resolve_model_dir(args), pictures[0].size(0), pictures[0].size(1));
+    // A picture too small to give a size is named, not reported as a --height nobody gave.
+    for (auto [side, given, derived] : {std::tuple{"height", c.height.has_value(), h},
+                                        std::tuple{"width", c.width.has_value(), w}}) {
+      XF_CHECK(given || derived > 0, "--input_images ", c.input_images[0], " is ",
+               pictures[0].size(1), "x", pictures[0].size(0), " pixels: too small for ", spec.id,
+               " to take its output size from (its ", side,
+               " rounds down to 0); give a larger picture, or --height and --width");
+    }
     if (!c.height) c.height = h;
     if (!c.width) c.width = w;
   } else if (spec.task == models::Task::kImageToImage && !c.height && !c.width &&

@@ -281,6 +281,29 @@ std::vector<Case> cases() {
         "--max_input_pixels"},
        1,
        {"loading"}},
+      // Invalid UTF-8 is named in the prompt as given, before loading.
+      flags("InvalidUtf8Prompt", " --model tiny-flux --prompt \"$(printf 'ab\\377c')\" ",
+            {"--prompt 0 is not valid UTF-8 (byte offset 2)"}),
+      flags("InvalidUtf8NegativePrompt",
+            kRun + " --true_cfg_scale 2 --negative_prompt \"$(printf 'ok \\300\\200')\" ",
+            {"--negative_prompt 0 is not valid UTF-8 (byte offset 3)"}),
+      // A picture too small to give the output size names the picture, not a --height of 0.
+      {"PictureTooSmallForItsSize",
+       [](const fs::path& pipe, const fs::path& out) {
+         xfuser::runner::write_png(pipe / "one.png", at::zeros({1, 1, 3}, at::kByte));
+         return " --model tiny-flux2 --prompt x --input_images " + (pipe / "one.png").string() +
+                " --output_directory " + out.string();
+       },
+       {"one.png is 1x1 pixels: too small for tiny-flux2 to take its output size from"},
+       1,
+       {"--height 0", "loading"}},
+      {"CommTimeoutBelowAMillisecond",
+       [](const fs::path&, const fs::path& out) {
+         return kRun + " --ulysses_degree 2 --comm_timeout 1e-9 --output_directory " + out.string();
+       },
+       {"--comm_timeout must be at least 0.001 seconds"},
+       2,
+       {"MPI communicator"}},
       {"HugeLatentsFile",
        [](const fs::path& pipe, const fs::path& out) {
          xfuser::models::save_safetensors((pipe / "huge.safetensors").string(),
@@ -465,11 +488,16 @@ TEST(BadInputFreeSpace, AFullOutputFolderIsRefusedWithTheSizes) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("--output_directory " + out.path().string() + " has "), std::string::npos)
         << msg;
-    EXPECT_NE(msg.find("free, but this rank's images need about 4398046511104 MiB"),
+    EXPECT_NE(msg.find("free, but this rank's images need about 4.0 EiB (4611686018427387904 "
+                       "bytes)"),
               std::string::npos)
         << msg;
   }
   EXPECT_NO_THROW(xfuser::runner::check_free_space(out.path(), 1024, "a small file"));
+  EXPECT_EQ(xfuser::runner::byte_size_text(200 * 1024), "200.0 KiB");
+  EXPECT_EQ(xfuser::runner::byte_size_text(512), "512 bytes");
+  EXPECT_EQ(xfuser::runner::byte_size_text((uint64_t{1} << 20) - 1), "1023.9 KiB");
+  EXPECT_EQ(xfuser::runner::byte_size_text(uint64_t{3} << 29), "1.5 GiB");
 }
 
 }  // namespace
