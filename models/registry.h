@@ -90,6 +90,9 @@ struct ModelSpec {
   // read), throwing an error naming the flag; returns the memory one rank needs. Null: none.
   std::function<MemoryEstimate(const std::filesystem::path& pipeline_dir, const RunLayout&)>
       check_run;
+  // --task values (xDiT's runner's `valid_tasks` of a multi-task model) -> the model that runs the
+  // task ("i2v" -> "HunyuanVideo-1.5-I2V"). Empty: a model of one task, which refuses --task.
+  std::map<std::string, std::string> tasks;
   // The diffusers classes the weight components' config.json `_class_name` must hold
   // ("transformer" -> {"FluxTransformer2DModel"}): a folder holding another family's transformer
   // or VAE is refused by check_component_classes before anything is parsed or loaded.

@@ -239,7 +239,7 @@ std::string file_digest(const std::filesystem::path& path) {
 
 std::string output_file_name(const std::string& name, int ulysses, int ring, bool compiled,
                              int height, int width, int64_t index, const std::string& ext,
-                             const NameDegrees& degrees) {
+                             const NameDegrees& degrees, const std::string& task) {
   std::string layout = "_u" + std::to_string(ulysses) + "r" + std::to_string(ring);
   for (const auto& [tag, degree] : {std::pair{"_tp", degrees.tensor},
                                     {"_pp", degrees.pipeline},
@@ -248,7 +248,8 @@ std::string output_file_name(const std::string& name, int ulysses, int ring, boo
     if (degree != 1) layout += tag + std::to_string(degree);
   }
   return name + layout + "_tc_" + (compiled ? "True" : "False") + "_" + std::to_string(height) +
-         "x" + std::to_string(width) + "_" + std::to_string(index) + "." + ext;
+         "x" + std::to_string(width) + (task.empty() ? "" : "_" + task) + "_" +
+         std::to_string(index) + "." + ext;
 }
 
 OutputDirectoryLock::OutputDirectoryLock(const fs::path& dir) {

@@ -54,12 +54,13 @@ struct NameDegrees {
   int data = 1;      // _dp{N}
 };
 
-// xDiT's output name, {name}_u{U}r{R}[_tp{T}][_pp{P}][_cfg{C}][_dp{D}]_tc_{True|False}_{H}x{W}_
-// {index}.{ext}: u and r always (as xDiT), the other degrees only when they are not 1, so runs of
-// several layouts can share one folder without replacing each other's images.
+// xDiT's output name, {name}_u{U}r{R}[_tp{T}][_pp{P}][_cfg{C}][_dp{D}]_tc_{True|False}_{H}x{W}
+// [_{task}]_{index}.{ext}: u and r always (as xDiT), the other degrees only when they are not 1, so
+// runs of several layouts can share one folder without replacing each other's images; --task, when
+// given, after the size as xDiT's runner adds it.
 std::string output_file_name(const std::string& name, int ulysses, int ring, bool compiled,
                              int height, int width, int64_t index, const std::string& ext,
-                             const NameDegrees& degrees = {});
+                             const NameDegrees& degrees = {}, const std::string& task = "");
 
 // An exclusive lock on an output folder (flock on the folder itself, so no file is left behind),
 // held while it lives. Two runs writing one folder would replace each other's images: the

@@ -16,7 +16,7 @@ namespace {
 const std::set<std::string>& not_yet_supported() {
   static const std::set<std::string> flags = {"--use_fsdp", "--use_fp8_gemms",
                                               "--enable_model_cpu_offload",
-                                              "--enable_sequential_cpu_offload", "--task"};
+                                              "--enable_sequential_cpu_offload"};
   return flags;
 }
 
@@ -30,7 +30,10 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_option("--model_path", c.model_path,
                  "A diffusers pipeline folder (model_index.json); overrides the cache lookup")
       ->group(kModel);
-  app.add_option("--task", c.task, "Task type for multi-task models")->group(kModel);
+  app.add_option("--task", c.task,
+                 "Task of a multi-task model (HunyuanVideo-1.5: t2v or i2v); it picks the "
+                 "pipeline and joins the output names")
+      ->group(kModel);
 
   const char* kPar = "Parallelization";
   app.add_option("--ulysses_degree", c.ulysses_degree, "Ulysses sequence parallel degree")

@@ -245,6 +245,38 @@ void check_initial_latents(const at::Tensor& latents, const std::string& what) {
            format_double(kMaxInitialLatent), " overflow the transformer's compute");
 }
 
+// --task on a multi-task model: the model that runs the task (xDiT's runner: a model with
+// valid_tasks takes one of them; a model without refuses the flag). With --model_path, the folder
+// must be that model's pipeline.
+const models::ModelSpec& task_model(const models::ModelSpec& spec, const std::string& task,
+                                    const std::string& model_path) {
+  std::string multi;
+  for (const auto& m : models::ModelRegistry::all()) {
+    if (m.tasks.empty()) continue;
+    std::string names;
+    for (const auto& [t, id] : m.tasks) names += (names.empty() ? "" : ", ") + t;
+    multi += (multi.empty() ? "" : "; ") + m.id + " (" + names + ")";
+  }
+  XF_CHECK(!spec.tasks.empty(), "--task is not supported by model ", spec.id, ": it has one task (",
+           models::to_string(spec.task), "); multi-task models: ", multi);
+  const auto it = spec.tasks.find(task);
+  if (it == spec.tasks.end()) {
+    std::string names;
+    for (const auto& [t, id] : spec.tasks) names += (names.empty() ? "" : ", ") + t;
+    XF_THROW("--task '", task, "' is not a task of ", spec.id, " (", names, ")");
+  }
+  const models::ModelSpec& target = models::ModelRegistry::find(it->second);
+  if (!model_path.empty() && !target.pipeline_classes.empty()) {
+    const nlohmann::json index = models::read_model_index(model_path);
+    const std::string cls = index.value("_class_name", "");
+    XF_CHECK(std::find(target.pipeline_classes.begin(), target.pipeline_classes.end(), cls) !=
+                 target.pipeline_classes.end(),
+             "--task ", task, " runs ", target.id, " (a ", target.pipeline_classes.front(),
+             "), but --model_path ", model_path, " holds a ", cls.empty() ? "?" : cls);
+  }
+  return target;
+}
+
 std::string likely_nonfinite_cause(const ResolvedArgs& args) {
   const RunConfig& c = args.config;
   if (c.true_cfg_scale.value_or(1.0) > 100 || c.guidance_scale.value_or(0) > 100) {
@@ -278,6 +310,7 @@ ResolvedArgs Runner::preprocess_args() const {
   // --model_path alone: the folder's pipeline class (model_index.json) picks the model.
   args.spec = c.model.empty() ? &models::ModelRegistry::for_pipeline_folder(c.model_path)
                               : &models::ModelRegistry::find(c.model);
+  if (!c.task.empty()) args.spec = &task_model(*args.spec, c.task, c.model_path);
   const models::ModelSpec& spec = *args.spec;
 
   // Flags this model does not honour are errors, never silently ignored.
@@ -622,7 +655,8 @@ fs::path output_path(const ResolvedArgs& args, int64_t index) {
                           c.height.value_or(0), c.width.value_or(0), index,
                           is_video(args) ? "mp4" : "png",
                           {c.tensor_parallel_degree, c.pipefusion_parallel_degree,
-                           c.use_cfg_parallel ? 2 : 1, c.data_parallel_degree});
+                           c.use_cfg_parallel ? 2 : 1, c.data_parallel_degree},
+                          c.task);
 }
 
 void Runner::initialize(const ResolvedArgs& args) {

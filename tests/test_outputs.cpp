@@ -99,6 +99,9 @@ TEST(Outputs, NamesCarryEveryDegreeThatIsNotOne) {
             "FLUX.1-dev_u2r1_pp2_cfg2_dp4_tc_False_1024x1024_3.png");
   EXPECT_EQ(output_file_name("m", 1, 2, true, 16, 16, 0, "png", {2, 2, 2, 2}),
             "m_u1r2_tp2_pp2_cfg2_dp2_tc_True_16x16_0.png");
+  // --task after the size, as xDiT's runner adds it.
+  EXPECT_EQ(output_file_name("HunyuanVideo-1.5-I2V", 1, 1, false, 720, 1280, 0, "mp4", {}, "i2v"),
+            "HunyuanVideo-1.5-I2V_u1r1_tc_False_720x1280_i2v_0.mp4");
 }
 
 // Text that is not ASCII is stored as iTXt (UTF-8), which readers decode as

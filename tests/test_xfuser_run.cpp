@@ -433,6 +433,50 @@ TEST_F(XfuserRun, TheApiExampleGeneratesAnImage) {
   EXPECT_EQ(img.sizes(), (std::vector<int64_t>{256, 256, 3}));
 }
 
+// --task on a multi-task model (xDiT's runner's valid_tasks): HunyuanVideo-1.5 with i2v runs the
+// image-to-video pipeline and adds the task to the output name; a folder of the other pipeline, an
+// unknown task and a model of one task are refused by name.
+TEST_F(XfuserRun, TaskPicksThePipelineOfAMultiTaskModel) {
+  const std::string tool = (xfuser::testing::binary_dir() / "bin" / "xfuser").string();
+  xfuser::testing::TempDir dir, out;
+  std::string log;
+  for (const char* arch : {"hunyuan-video15", "hunyuan-video15-i2v"}) {
+    ASSERT_EQ(xfuser::testing::run_command(
+                  tool + " make-tiny --arch " + arch + " --out " + (dir / arch).string(), &log),
+              0)
+        << log;
+  }
+  xfuser::runner::write_png(dir / "first.png", at::full({32, 48, 3}, 90, at::kByte));
+  const std::string base =
+      "--model HunyuanVideo-1.5 --prompt x --num_inference_steps 1 "
+      "--num_frames 5 --output_directory " +
+      out.path().string();
+  ASSERT_EQ(run(base + " --task i2v --model_path " + (dir / "hunyuan-video15-i2v").string() +
+                    " --input_images " + (dir / "first.png").string(),
+                &log),
+            0)
+      << log;
+  bool found = false;
+  for (const auto& entry : fs::directory_iterator(out.path())) {
+    const std::string name = entry.path().filename().string();
+    found = found || (name.rfind("HunyuanVideo-1.5-I2V_u1r1_tc_False_", 0) == 0 &&
+                      name.find("_i2v_0.mp4") != std::string::npos);
+  }
+  EXPECT_TRUE(found) << log;
+  EXPECT_NE(run(base + " --task i2v --model_path " + (dir / "hunyuan-video15").string(), &log), 0);
+  EXPECT_NE(log.find("--task i2v runs HunyuanVideo-1.5-I2V (a HunyuanVideo15ImageToVideoPipeline)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(run(base + " --task x2y", &log), 0);
+  EXPECT_NE(log.find("--task 'x2y' is not a task of HunyuanVideo-1.5 (i2v, t2v)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(run("--model tiny-flux --prompt x --task t2i", &log), 0);
+  EXPECT_NE(log.find("--task is not supported by model tiny-flux: it has one task (text-to-image)"),
+            std::string::npos)
+      << log;
+}
+
 // `xfuser validate` agrees with xfuser-run both ways: every tiny pipeline layout validates, and a
 // folder the run refuses is refused by validate with the same reason, before any weight is read.
 TEST_F(XfuserRun, ValidateAgreesWithTheRun) {

@@ -540,6 +540,8 @@ std::vector<ModelSpec> model_specs() {
   hv.component_classes = {{"transformer", {"HunyuanVideo15Transformer3DModel"}},
                           {"vae", {"AutoencoderKLHunyuanVideo15"}}};
   hv.pipeline_classes = {"HunyuanVideo15Pipeline"};
+  // xDiT runs HunyuanVideo-1.5 as one model of two tasks: --task t2v or i2v picks the pipeline.
+  hv.tasks = {{"t2v", "HunyuanVideo-1.5"}, {"i2v", "HunyuanVideo-1.5-I2V"}};
 
   ModelSpec i2v = hv;
   i2v.id = "HunyuanVideo-1.5-I2V";
@@ -566,6 +568,7 @@ std::vector<ModelSpec> model_specs() {
   ModelSpec tiny = hv;
   tiny.id = "tiny-hunyuan-video15";
   tiny.aliases = {};
+  tiny.tasks = {};  // text-to-video only (a tiny image-to-video folder: make-tiny)
   tiny.hf_repo = "";
   tiny.defaults = {32, 48, 4, 6.0, 1000, 5, 24, 0.0};
   tiny.maturity = "embedded";
