@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/fuzz.sh TARGET SECONDS: builds the libFuzzer target fuzz_TARGET (clang-14, ASan + UBSan,
 # build folder build-fuzz/, or $XFUSER_FUZZ_BUILD) and runs it for SECONDS on its seed corpus.
-#   TARGET: safetensors | config | image | clip_tokenizer | t5_tokenizer | dataset | all (each for SECONDS)
+#   TARGET: safetensors | config | image | clip_tokenizer | clip_files | t5_tokenizer | dataset | all (each for SECONDS)
 # Seeds: tests/fuzz/corpus/TARGET (small, in the repository). Inputs the fuzzer finds go to
 # <build>/fuzz-corpus/TARGET, crashes to <build>/fuzz-artifacts/TARGET/ (reproduce with
 # `<build>/bin/fuzz_TARGET <file>`). On the shared machine run it inside a build slot:
@@ -9,14 +9,14 @@
 # Exit status: 0 when the run ended without a finding, non-zero otherwise.
 set -euo pipefail
 if [ $# -ne 2 ]; then
-  echo "usage: $0 safetensors|config|image|clip_tokenizer|t5_tokenizer|dataset|all SECONDS" >&2
+  echo "usage: $0 safetensors|config|image|clip_tokenizer|clip_files|t5_tokenizer|dataset|all SECONDS" >&2
   exit 2
 fi
 target=$1
 seconds=$2
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${XFUSER_FUZZ_BUILD:-$root/build-fuzz}
-all=(safetensors config image clip_tokenizer t5_tokenizer dataset)
+all=(safetensors config image clip_tokenizer clip_files t5_tokenizer dataset)
 if [ "$target" = all ]; then
   targets=("${all[@]}")
 else

@@ -400,6 +400,43 @@ TEST_F(CraftedClip, ASpecialTokenMissingFromTheVocabularyIsNamed) {
   EXPECT_NO_THROW(ClipTokenizer::from_dir(added.path()));
 }
 
+// Malformed vocabulary and merges files are errors naming the file and line (transformers would
+// keep a line of one or three symbols as a merge that never matches, and tokenize by characters).
+TEST_F(CraftedClip, MalformedMergesAndVocabularyAreNamedByLine) {
+  auto expect = [](const std::string& merges, const std::vector<std::string>& needles) {
+    TempDir dir("xfuser-clip-bad");
+    write_crafted_clip(dir.path());
+    write_file(dir / "merges.txt", merges);
+    std::vector<std::string> all = {(dir / "merges.txt").string()};
+    all.insert(all.end(), needles.begin(), needles.end());
+    xfuser::testing::expect_error_containing([&] { ClipTokenizer::from_dir(dir.path()); }, all);
+  };
+  expect("#version: 0.2\nh e\nl l m\nhe ll\n", {"merges.txt:3: 'l l m' is not a merge"});
+  expect("#version: 0.2\nh e\nl\n", {"merges.txt:3: 'l' is not a merge"});
+  expect("\n\n#version: 0.2\nh e\nll\n", {"merges.txt:5: 'll' is not a merge"});
+  expect("#version: 0.2\nh e\nl \xff\n", {"merges.txt:3: not valid UTF-8"});
+  expect("#version: 0.2\nh e\nc a\n\xc3\n", {"merges.txt:4: not valid UTF-8"});
+  // The header line may be anything; a file of the header alone has no merges.
+  TempDir header("xfuser-clip-header");
+  write_crafted_clip(header.path());
+  write_file(header / "merges.txt", "#version: 0.2\n");
+  EXPECT_NO_THROW(ClipTokenizer::from_dir(header.path()));
+
+  TempDir vocab("xfuser-clip-vocab");
+  write_crafted_clip(vocab.path());
+  auto j = nlohmann::json::parse(std::ifstream(vocab / "vocab.json"));
+  j["he"] = j["ll"];
+  write_file(vocab / "vocab.json", j.dump());
+  xfuser::testing::expect_error_containing([&] { ClipTokenizer::from_dir(vocab.path()); },
+                                           {"vocab.json", "have the same id"});
+  j = nlohmann::json::parse(std::ifstream(vocab / "vocab.json"));
+  j["he"] = -4;
+  write_file(vocab / "vocab.json", j.dump());
+  xfuser::testing::expect_error_containing(
+      [&] { ClipTokenizer::from_dir(vocab.path()); },
+      {"vocab.json", "id of 'he' is not a non-negative integer"});
+}
+
 TEST_F(CraftedClip, BatchKeepsOrder) {
   const auto batch = tokenizer_->encode(std::vector<std::string>{"cat", "", "hello"}, 4);
   ASSERT_EQ(batch.size(), 3u);

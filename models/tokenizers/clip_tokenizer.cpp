@@ -116,9 +116,13 @@ std::unique_ptr<ClipTokenizer> ClipTokenizer::from_dir(const std::filesystem::pa
       XF_THROW("cannot parse ", dir / "vocab.json", ": ", e.what());
     }
     XF_CHECK(json.is_object(), dir / "vocab.json", " is not a JSON object");
+    std::unordered_map<int64_t, std::string> tokens;
     for (const auto& [token, id] : json.items()) {
-      XF_CHECK(id.is_number_integer(), dir / "vocab.json", ": id of '", token,
-               "' is not an integer");
+      XF_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, dir / "vocab.json", ": id of '",
+               token, "' is not a non-negative integer (", id.dump(), ")");
+      const auto [it, fresh] = tokens.emplace(id.get<int64_t>(), token);
+      XF_CHECK(fresh, dir / "vocab.json", ": '", token, "' and '", it->second,
+               "' have the same id ", id.get<int64_t>());
       vocab[token] = id.get<int64_t>();
     }
   }
@@ -129,8 +133,30 @@ std::unique_ptr<ClipTokenizer> ClipTokenizer::from_dir(const std::filesystem::pa
     std::stringstream buffer;
     buffer << in.rdbuf();
     std::string content = buffer.str();
+    const std::string file = (dir / "merges.txt").string();
+    // The file is UTF-8 (the symbols are byte-level BPE's printable stand-ins); a malformed
+    // sequence is an error at its line, not a symbol that silently never matches.
+    const auto valid_utf8 = [](std::string_view text) {
+      try {
+        unicode::utf8_to_utf32(text);
+        return true;
+      } catch (const xfuser::Error&) {
+        return false;
+      }
+    };
+    if (!valid_utf8(content)) {
+      size_t begin = 0;
+      for (size_t line = 1;; ++line) {
+        const size_t end = content.find('\n', begin);
+        XF_CHECK(valid_utf8(std::string_view(content).substr(begin, end - begin)), file, ":", line,
+                 ": not valid UTF-8");
+        if (end == std::string::npos) break;
+        begin = end + 1;
+      }
+    }
     // read().strip().split("\n")[1:kMaxMerges + 1]: the first line (the #version header) is
-    // always skipped; lines that are not two symbols never match a pair.
+    // always skipped. transformers takes every other line as merge.split(), so a line that is
+    // not two symbols would silently never match: here it is an error naming the line.
     const auto is_space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
     size_t b = 0, e = content.size();
     while (b < e && is_space(content[b])) ++b;
@@ -138,15 +164,16 @@ std::unique_ptr<ClipTokenizer> ClipTokenizer::from_dir(const std::filesystem::pa
     std::istringstream lines(content.substr(b, e - b));
     std::string line;
     size_t line_no = 0;
+    const size_t leading_lines =
+        static_cast<size_t>(std::count(content.begin(), content.begin() + b, '\n'));
     while (std::getline(lines, line)) {
       if (line_no++ == 0) continue;
       if (merges.size() >= kMaxMerges) break;
       std::istringstream fields(line);
       std::string first, second, extra;
-      if (!(fields >> first >> second) || (fields >> extra)) {
-        merges.emplace_back("", "");  // keeps the rank of later lines; matches nothing
-        continue;
-      }
+      XF_CHECK((fields >> first >> second) && !(fields >> extra), file, ":",
+               line_no + leading_lines, ": '", line,
+               "' is not a merge: two symbols separated by a space");
       merges.emplace_back(std::move(first), std::move(second));
     }
   }
@@ -158,6 +185,14 @@ std::unique_ptr<ClipTokenizer> ClipTokenizer::from_dir(const std::filesystem::pa
   if (folder.mentions("pad_token")) options.pad_token = folder.special_token("pad_token");
   options.additional_special_tokens = folder.additional_special_tokens();
   options.added_tokens = folder.added_tokens;
+  // An added token that is also in vocab.json must have the same id there: transformers would
+  // take the added token's, and vocab.json's entry would silently never be produced.
+  for (const AddedToken& t : options.added_tokens) {
+    const auto it = vocab.find(t.content);
+    XF_CHECK(it == vocab.end() || it->second == t.id, "CLIP tokenizer: the added token '",
+             t.content, "' has id ", t.id, " in the folder's tokenizer config but ", it->second,
+             " in ", (dir / "vocab.json").string());
+  }
   // The tokens every encoding uses must have ids the text model knows: in vocab.json or among
   // the folder's added tokens. (transformers would append a new id past the vocabulary, which the
   // text model then rejects as an input id far from the cause.)
