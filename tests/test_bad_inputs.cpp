@@ -221,6 +221,42 @@ std::vector<Case> cases() {
                            [](auto& j) { j["num_layers"] = "two"; });
                },
                {"transformer/config.json", "num_layers"}),
+      // Sizes from configs are bounded before anything is built (one check in the config getter
+      // for every family, text encoder and VAE), naming the file and key.
+      pipeline("HugeLayerCount",
+               [](const fs::path& p) {
+                 edit_json(p / "transformer" / "config.json",
+                           [](auto& j) { j["num_layers"] = 1000000000; });
+               },
+               {"transformer/config.json: config key 'num_layers' = 1000000000 is out of range "
+                "for a layer or block count (0 to 1024)"}),
+      pipeline("HugeTextEncoderVocabulary",
+               [](const fs::path& p) {
+                 edit_json(p / "text_encoder" / "config.json",
+                           [](auto& j) { j["vocab_size"] = 1000000000000LL; });
+               },
+               {"text_encoder/config.json: config key 'vocab_size' = 1000000000000 is out of range "
+                "for a vocabulary size"}),
+      pipeline("HugeVaeChannels",
+               [](const fs::path& p) {
+                 edit_json(p / "vae" / "config.json",
+                           [](auto& j) { j["block_out_channels"][0] = 1000000000; });
+               },
+               {"vae/config.json: config key 'block_out_channels[0]' = 1000000000 is out of range"}),
+      pipeline("NegativeHeadCount",
+               [](const fs::path& p) {
+                 edit_json(p / "transformer" / "config.json",
+                           [](auto& j) { j["num_attention_heads"] = -2; });
+               },
+               {"config key 'num_attention_heads' = -2 is out of range for a head count"}),
+      // A key that sets a shape, missing: the mismatch names it and the default read instead.
+      pipeline("MissingShapeKey",
+               [](const fs::path& p) {
+                 edit_json(p / "transformer" / "config.json",
+                           [](auto& j) { j.erase("num_layers"); });
+               },
+               {"transformer/config.json lacks keys that were read as diffusers' / transformers' "
+                "defaults (num_layers = 19)"}),
       pipeline("MissingClipMerges",
                [](const fs::path& p) { fs::remove(p / "tokenizer" / "merges.txt"); },
                {"merges.txt"}),

@@ -541,6 +541,22 @@ TEST_F(XfuserRun, ValidateAgreesWithTheRun) {
        },
        "transformer/config.json holds a FluxTransformer2DModel, but FLUX.2-dev needs a "
        "Flux2Transformer2DModel as its transformer"},
+      {"wan-layers-huge", "wan-t2v",
+       [&](const fs::path& p) {
+         edit(p / "transformer" / "config.json", [](auto& j) { j["num_layers"] = 1000000000; });
+       },
+       "config key 'num_layers' = 1000000000 is out of range for a layer or block count"},
+      {"hunyuan-heads-negative", "hunyuan-video",
+       [&](const fs::path& p) {
+         edit(p / "transformer" / "config.json", [](auto& j) { j["num_attention_heads"] = -1; });
+       },
+       "config key 'num_attention_heads' = -1 is out of range for a head count"},
+      {"flux2-width-huge", "flux2",
+       [&](const fs::path& p) {
+         edit(p / "transformer" / "config.json",
+              [](auto& j) { j["attention_head_dim"] = 1LL << 40; });
+       },
+       "config key 'attention_head_dim' = 1099511627776 is out of range"},
       {"flux-over-wan", "wan-t2v",
        [&](const fs::path& p) {
          fs::remove_all(p / "transformer");

@@ -9,6 +9,7 @@
 #include "backends/device.h"
 #include "backends/error.h"
 #include "backends/tensor_util.h"
+#include "models/weights/component_folder.h"
 #include "models/weights/tensor_source.h"
 
 namespace xfuser::models {
@@ -141,6 +142,9 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
     list("shape mismatches", mismatched);
     list("dtype mismatches", wrong_dtype);
     list("unexpected tensors", unexpected);
+    if (const std::string note = config_defaults_note(source.describe()); !note.empty()) {
+      os << "\n  " << note;
+    }
     XF_THROW(os.str());
   }
   backends::DeviceUploader uploader(options.device);

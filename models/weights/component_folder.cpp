@@ -1,7 +1,10 @@
 #include "models/weights/component_folder.h"
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "backends/error.h"
@@ -24,7 +27,83 @@ void throw_config_missing(const std::string& key, const std::string& file) {
   XF_THROW(file, ": required config key '", key, "' is missing");
 }
 
+namespace {
+
+// The kinds of size a config key names, by its name (array elements by their array's name), and
+// their ranges: far above every released model (FLUX.2's 48 + 8 blocks, 48 heads, widths of
+// 6144; Mistral's 131072 positions; vocabularies of 262144), far below what would exhaust memory
+// while the model is described.
+struct SizeKind {
+  const char* what;
+  int64_t low, high;
+};
+
+std::string base_key(const std::string& key) {
+  const size_t bracket = key.find('[');
+  std::string k = bracket == std::string::npos ? key : key.substr(0, bracket);
+  for (auto& c : k) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return k;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+const SizeKind* size_kind(const std::string& key) {
+  static const SizeKind kLayers{"a layer or block count", 0, 1024};
+  static const SizeKind kHeads{"a head count", 1, 4096};
+  static const SizeKind kVocab{"a vocabulary size", 1, int64_t{1} << 24};
+  static const SizeKind kPositions{"a position or sequence length", 1, int64_t{1} << 24};
+  static const SizeKind kWidth{"a width, channel count or size", 0, int64_t{1} << 20};
+  const std::string k = base_key(key);
+  if (k.find("vocab") != std::string::npos) return &kVocab;
+  if (k.find("position") != std::string::npos || k.find("max_seq") != std::string::npos ||
+      k.find("seq_len") != std::string::npos) {
+    return &kPositions;
+  }
+  if (k.find("layers") != std::string::npos || ends_with(k, "_blocks") || k == "depth") {
+    return &kLayers;
+  }
+  if (ends_with(k, "heads")) return &kHeads;
+  if (k.find("dim") != std::string::npos || k.find("channels") != std::string::npos ||
+      ends_with(k, "_size") || k == "d_model" || k == "d_ff" || k == "d_kv") {
+    return &kWidth;
+  }
+  return nullptr;
+}
+
+thread_local std::map<std::string, std::set<std::string>> g_defaults;
+
+}  // namespace
+
+void check_config_size(const std::string& key, int64_t value, const std::string& file) {
+  const SizeKind* kind = size_kind(key);
+  if (kind == nullptr) return;
+  XF_CHECK(value >= kind->low && value <= kind->high, file, ": config key '", key, "' = ", value,
+           " is out of range for ", kind->what, " (", kind->low, " to ", kind->high,
+           "): the config is corrupt or not this model's");
+}
+
+void note_config_default(const std::string& file, const std::string& key,
+                         const std::string& value) {
+  g_defaults[file].insert(key + " = " + value);
+}
+
 }  // namespace detail
+
+std::string config_defaults_note(const std::string& weights) {
+  for (const auto& [file, keys] : detail::g_defaults) {
+    const std::string dir = fs::path(file).parent_path().string() + "/";
+    if (keys.empty() || weights.compare(0, dir.size(), dir) != 0) continue;
+    std::string list;
+    for (const auto& k : keys) list += (list.empty() ? "" : ", ") + k;
+    return file + " lacks keys that were read as diffusers' / transformers' defaults (" + list +
+           "): a missing key that sets a shape gives mismatches like these";
+  }
+  return "";
+}
+
+namespace detail {}  // namespace detail
 
 ComponentFolder open_component_folder(const std::string& dir, const std::string& variant) {
   XF_CONTEXT("opening component folder ", dir);

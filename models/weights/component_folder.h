@@ -46,6 +46,16 @@ namespace detail {
                                           const std::string& expected, const std::string& file);
 [[noreturn]] void throw_config_missing(const std::string& key, const std::string& file);
 
+// Sizes read from a config (layer, head, width, channel, vocabulary and position counts, known by
+// their key's name) must lie in a range far beyond every real model's and be non-negative, so a
+// corrupt value (a num_layers of 1e9) is an error naming the file and key before anything is
+// built or allocated. Other integers pass. docs/errors.md lists the ranges.
+void check_config_size(const std::string& key, int64_t value, const std::string& file);
+
+// Records that `file` lacked `key` and cfg() read `value` (diffusers' default) instead: a load
+// whose weights then do not match names these keys.
+void note_config_default(const std::string& file, const std::string& key, const std::string& value);
+
 // Strict conversion of one config value: an integer field rejects 2.5 and "2", a bool field
 // rejects 1. `key` names the value in errors ("axes_dims_rope[1]" for array elements).
 template <class T, class Enable = void>
@@ -68,13 +78,19 @@ struct ConfigValue<T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<
   static T convert(const nlohmann::json& v, const std::string& key, const std::string& file) {
     if (v.is_number_unsigned()) {
       const auto u = v.get<uint64_t>();
-      if (u <= static_cast<uint64_t>(std::numeric_limits<T>::max())) return static_cast<T>(u);
+      if (u <= static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+        check_config_size(
+            key, u > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(u), file);
+        return static_cast<T>(u);
+      }
     } else if (v.is_number_integer()) {
       const auto i = v.get<int64_t>();
       if (i >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
           (i < 0 ||
-           static_cast<uint64_t>(i) <= static_cast<uint64_t>(std::numeric_limits<T>::max())))
+           static_cast<uint64_t>(i) <= static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
+        check_config_size(key, i, file);
         return static_cast<T>(i);
+      }
     }
     if (!v.is_number_integer()) throw_config_type_error(v, key, expected(), file);
     throw_config_type_error(v, key,
@@ -147,9 +163,19 @@ T cfg(const nlohmann::json& config, const std::string& key, T default_value,
       const std::string& file) {
   if (!config.is_object()) return default_value;
   auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return default_value;
+  if (it == config.end() || it->is_null()) {
+    if constexpr (std::is_arithmetic_v<T>) {
+      detail::note_config_default(file, key, std::to_string(default_value));
+    }
+    return default_value;
+  }
   return detail::ConfigValue<T>::convert(*it, key, file);
 }
+
+// For an error about weights that do not match their model: the keys the config.json beside
+// `weights` (a path, or a description starting with one) lacked and cfg() read as defaults on this
+// thread ("num_layers = 19"), in one sentence; "" when none.
+std::string config_defaults_note(const std::string& weights);
 
 // config[key] as T; a missing (or, unless T is std::optional, null) key is an error.
 template <class T>
