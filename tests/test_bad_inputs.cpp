@@ -1,4 +1,4 @@
-// Bad inputs, named (issue [F] item 3; the table is docs/errors.md): every case runs xfuser-run
+// Bad inputs, named (the table is docs/errors.md): every case runs xfuser-run
 // (or mpirun + xfuser-run) on a bad flag, checkpoint or environment and asserts the exit status
 // is non-zero, the error text names the thing and what was expected, and nothing was written.
 // Dataset inputs (missing, empty, bad CSV quoting, invalid UTF-8) belong to the dataset readers
@@ -351,7 +351,7 @@ std::vector<Case> cases() {
        1,
        {"loading tiny-flux"}},
 
-      // ---- layouts the model cannot run: refused before any weight is read (item 3) ----
+      // ---- layouts the model cannot run: refused before any weight is read ----
       {"CfgParallelWithoutTrueCfg",
        [](const fs::path&, const fs::path& out) {
          return kRun + " --use_cfg_parallel --output_directory " + out.string();

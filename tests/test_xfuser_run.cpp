@@ -497,11 +497,20 @@ TEST_F(XfuserRun, ValidateAgreesWithTheRun) {
         << log;
     EXPECT_NE(log.find("\nvalid"), std::string::npos) << arch << "\n" << log;
   }
-  auto edit = [](const fs::path& file, const std::function<void(nlohmann::json&)>& change) {
-    std::ifstream in(file);
-    auto j = nlohmann::json::parse(in);
-    change(j);
-    std::ofstream(file) << j.dump();
+  // An edit of one JSON file of the folder, by its path in the folder.
+  using Change = std::function<void(nlohmann::json&)>;
+  auto edit = [](const std::string& file, const Change& change) {
+    return [file, change](const fs::path& p) {
+      std::ifstream in(p / file);
+      auto j = nlohmann::json::parse(in);
+      change(j);
+      std::ofstream(p / file) << j.dump();
+    };
+  };
+  // The FLUX.1 tiny layout's transformer in place of the folder's own.
+  auto flux_transformer = [&](const fs::path& p) {
+    fs::remove_all(p / "transformer");
+    fs::copy(dir / "flux" / "transformer", p / "transformer", fs::copy_options::recursive);
   };
   struct Broken {
     std::string name, arch;
@@ -510,58 +519,33 @@ TEST_F(XfuserRun, ValidateAgreesWithTheRun) {
   };
   const std::vector<Broken> broken = {
       {"no-boundary", "wan22-t2v",
-       [&](const fs::path& p) {
-         edit(p / "model_index.json", [](auto& j) { j.erase("boundary_ratio"); });
-       },
+       edit("model_index.json", [](auto& j) { j.erase("boundary_ratio"); }),
        "lists a transformer_2 but no boundary_ratio in (0, 1)"},
       {"boundary-2", "wan22-t2v",
-       [&](const fs::path& p) {
-         edit(p / "model_index.json", [](auto& j) { j["boundary_ratio"] = 2.0; });
-       },
+       edit("model_index.json", [](auto& j) { j["boundary_ratio"] = 2.0; }),
        "lists a transformer_2 but no boundary_ratio in (0, 1)"},
       {"boundary-high", "wan22-t2v",
-       [&](const fs::path& p) {
-         edit(p / "model_index.json", [](auto& j) { j["boundary_ratio"] = "high"; });
-       },
+       edit("model_index.json", [](auto& j) { j["boundary_ratio"] = "high"; }),
        "'boundary_ratio' is a pipeline setting and must be a number, got \"high\""},
       {"flow-shift-0", "wan-t2v",
-       [&](const fs::path& p) {
-         edit(p / "scheduler" / "scheduler_config.json", [](auto& j) { j["flow_shift"] = 0; });
-       },
+       edit("scheduler/scheduler_config.json", [](auto& j) { j["flow_shift"] = 0; }),
        "scheduler config: flow_shift must be a number in (0, 1000] (got 0)"},
       {"shift-negative", "hunyuan-video15",
-       [&](const fs::path& p) {
-         edit(p / "scheduler" / "scheduler_config.json", [](auto& j) { j["shift"] = -3; });
-       },
+       edit("scheduler/scheduler_config.json", [](auto& j) { j["shift"] = -3; }),
        "scheduler config: shift must be a number in (0, 1000] (got -3)"},
-      {"flux2-over-flux1", "flux2",
-       [&](const fs::path& p) {
-         fs::remove_all(p / "transformer");
-         fs::copy(dir / "flux" / "transformer", p / "transformer", fs::copy_options::recursive);
-       },
+      {"flux2-over-flux1", "flux2", flux_transformer,
        "transformer/config.json holds a FluxTransformer2DModel, but FLUX.2-dev needs a "
        "Flux2Transformer2DModel as its transformer"},
       {"wan-layers-huge", "wan-t2v",
-       [&](const fs::path& p) {
-         edit(p / "transformer" / "config.json", [](auto& j) { j["num_layers"] = 1000000000; });
-       },
+       edit("transformer/config.json", [](auto& j) { j["num_layers"] = 1000000000; }),
        "config key 'num_layers' = 1000000000 is out of range for a layer or block count"},
       {"hunyuan-heads-negative", "hunyuan-video",
-       [&](const fs::path& p) {
-         edit(p / "transformer" / "config.json", [](auto& j) { j["num_attention_heads"] = -1; });
-       },
+       edit("transformer/config.json", [](auto& j) { j["num_attention_heads"] = -1; }),
        "config key 'num_attention_heads' = -1 is out of range for a head count"},
       {"flux2-width-huge", "flux2",
-       [&](const fs::path& p) {
-         edit(p / "transformer" / "config.json",
-              [](auto& j) { j["attention_head_dim"] = 1LL << 40; });
-       },
+       edit("transformer/config.json", [](auto& j) { j["attention_head_dim"] = 1LL << 40; }),
        "config key 'attention_head_dim' = 1099511627776 is out of range"},
-      {"flux-over-wan", "wan-t2v",
-       [&](const fs::path& p) {
-         fs::remove_all(p / "transformer");
-         fs::copy(dir / "flux" / "transformer", p / "transformer", fs::copy_options::recursive);
-       },
+      {"flux-over-wan", "wan-t2v", flux_transformer,
        "holds a FluxTransformer2DModel, but Wan2.1-T2V needs a WanTransformer3DModel"},
   };
   for (const auto& b : broken) {
