@@ -25,6 +25,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include "models/common/module.h"
 #include "backends/backend.h"
 
 namespace xfuser::parallel {
@@ -99,6 +100,10 @@ struct ModelLoadOptions {
   std::vector<int64_t> pipefusion_layers;
   // Patch-parallel VAE decode over the process groups' replica (--use_parallel_vae).
   bool parallel_vae = false;
+  // How the transformer's layer weights are held: as loaded, fp8 storage (--fp8_storage) or fp8
+  // with per-channel scales and FP8 GEMMs (--use_fp8_gemms). Only kind and format are read; the
+  // model selects its parameters (dit::dit_weight_format).
+  WeightFormat transformer_weights;
 };
 
 class XFuserModel {

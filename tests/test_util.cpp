@@ -125,7 +125,8 @@ std::vector<std::string> strings(const nlohmann::json& j) {
 }  // namespace
 
 void check_pipeline(const std::string& name, const std::filesystem::path& given_folder,
-                    c10::Device device, const std::filesystem::path& given_refs) {
+                    c10::Device device, const std::filesystem::path& given_refs,
+                    const models::WeightFormat& transformer_weights) {
   namespace fs = std::filesystem;
   const fs::path folder = given_folder.empty() ? fixtures_dir() / "pipelines" / name : given_folder;
   const fs::path refs =
@@ -136,9 +137,11 @@ void check_pipeline(const std::string& name, const std::filesystem::path& given_
   auto model = spec.create(spec);
   models::ModelLoadOptions options;  // fp32
   options.device = device;
+  options.transformer_weights = transformer_weights;
   model->load(folder, options);
   int cases = 0;
   for (const auto& entry : fs::directory_iterator(refs)) {
+    if (!entry.is_directory()) continue;  // a case is a folder; files beside them describe them
     const fs::path dir = entry.path();
     SCOPED_TRACE(dir.string());
     std::ifstream in(dir / "case.json");
@@ -195,27 +198,36 @@ void check_pipeline(const std::string& name, const std::filesystem::path& given_
   EXPECT_GT(cases, 0) << "no reference cases under " << refs;
 }
 
-void check_resaved_pipeline(const std::string& name, const std::string& version) {
+std::filesystem::path resaved_pipeline(const std::string& name, const std::string& version,
+                                       const std::filesystem::path& into) {
   namespace fs = std::filesystem;
   const fs::path original = fixtures_dir() / "pipelines" / name;
   const fs::path overlay = fixtures_dir() / ("pipelines-v" + version) / name;
-  const fs::path refs = fixtures_dir() / ("pipelines-v" + version) / (name + ".ref");
-  XF_REQUIRE_FIXTURE(original);
-  XF_REQUIRE_FIXTURE(overlay / "removed.json");
-  TempDir tmp("xfuser-resaved");
-  const fs::path folder = tmp / name;
+  XF_CHECK(fs::exists(original / "model_index.json") && fs::exists(overlay / "removed.json"),
+           "missing fixture ", original, " or ", overlay / "removed.json");
+  const fs::path folder = into / name;
   fs::copy(original, folder, fs::copy_options::recursive);
   std::ifstream in(overlay / "removed.json");
   const auto listing = nlohmann::json::parse(in);
   for (const auto& file : listing["removed"]) {
-    ASSERT_TRUE(fs::remove(folder / file.get<std::string>())) << file;
+    XF_CHECK(fs::remove(folder / file.get<std::string>()), folder / file.get<std::string>(),
+             " is listed as removed but is not in the pipeline");
   }
   for (const auto& file : listing["changed"]) {
     const fs::path rel = file.get<std::string>();
     fs::create_directories((folder / rel).parent_path());
     fs::copy_file(overlay / rel, folder / rel, fs::copy_options::overwrite_existing);
   }
-  check_pipeline(name, folder, c10::Device(c10::kCPU), refs);
+  return folder;
+}
+
+void check_resaved_pipeline(const std::string& name, const std::string& version) {
+  namespace fs = std::filesystem;
+  const fs::path refs = fixtures_dir() / ("pipelines-v" + version) / (name + ".ref");
+  XF_REQUIRE_FIXTURE(fixtures_dir() / ("pipelines-v" + version) / name / "removed.json");
+  XF_REQUIRE_FIXTURE(refs);
+  TempDir tmp("xfuser-resaved");
+  check_pipeline(name, resaved_pipeline(name, version, tmp.path()), c10::Device(c10::kCPU), refs);
 }
 
 std::string png_declaring(uint32_t width, uint32_t height) {

@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json_fwd.hpp>
 
+#include "models/common/module.h"
+
 namespace xfuser::testing {
 
 // $XFUSER_FIXTURES, else tests/fixtures in the source tree (the committed reference data that
@@ -62,16 +64,22 @@ std::map<std::string, at::Tensor> read_tensors(const std::filesystem::path& path
 // `folder`, when given, is the pipeline folder instead of pipelines/<name>/ (a committed model
 // outside the fixtures, as tiny-shapes). `device`: where the model loads and runs (the checked
 // device of tests/checked_device.h, a GPU). `refs`, when given, holds the cases instead of
-// pipelines/<name>.ref/.
+// pipelines/<name>.ref/. `transformer_weights`: how the transformers hold their weights (the
+// cases must then come from diffusers run the same way).
 void check_pipeline(const std::string& name, const std::filesystem::path& folder = {},
                     c10::Device device = c10::Device(c10::kCPU),
-                    const std::filesystem::path& refs = {});
+                    const std::filesystem::path& refs = {},
+                    const models::WeightFormat& transformer_weights = {});
 
 // pipelines/<name> as a newer diffusers / transformers saved it again: pipelines-v<version>/<name>
 // holds the files that save wrote differently and removed.json the ones it no longer wrote; they
 // are laid over a copy of pipelines/<name> in a temporary folder, which must give that release's
 // final latents (pipelines-v<version>/<name>.ref) as check_pipeline does.
 void check_resaved_pipeline(const std::string& name, const std::string& version);
+// That folder (pipelines/<name> with pipelines-v<version>/<name> laid over it), made under `into`;
+// returns its path.
+std::filesystem::path resaved_pipeline(const std::string& name, const std::string& version,
+                                       const std::filesystem::path& into);
 
 // Fails unless `fn` throws an xfuser::Error whose text contains every needle.
 // The bytes of a valid 1x1 RGB PNG whose header (IHDR, its CRC fixed) declares width x height:

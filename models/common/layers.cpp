@@ -7,6 +7,7 @@
 
 #include "backends/attention.h"
 #include "backends/error.h"
+#include "backends/fp8.h"
 #include "backends/tensor_util.h"
 #include "models/common/kernels.h"
 
@@ -55,28 +56,40 @@ at::Tensor activate(const at::Tensor& x, Activation act) {
 
 // ---- Linear, norms ------------------------------------------------------------------------------
 
+at::Tensor linear(const at::Tensor& x, const ParamSlot& weight, const ParamSlot* bias) {
+  const at::Tensor b = bias ? bias->value() : at::Tensor();
+  if (weight.fp8 && weight.fp8->scale.defined()) {
+    return backends::fp8_linear(x, weight.fp8->data, weight.fp8->scale, b, weight.fp8->format,
+                                x.scalar_type());
+  }
+  return linear(x, weight.value(), b);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (is_cpu_half(x)) {
+    return at::linear(x.to(at::kFloat), w.to(at::kFloat), b.defined() ? b.to(at::kFloat) : b)
+        .to(at::kHalf);
+  }
+  return at::linear(x, w, b);
+}
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
     : in_(in_features), out_(out_features) {
   weight_ = &param("weight", {out_features, in_features});
-  if (bias) bias_ = &param("bias", {out_features});
+  weight_->layer = LayerKind::kLinear;
+  if (bias) {
+    bias_ = &param("bias", {out_features});
+    bias_->layer = LayerKind::kLinear;
+  }
 }
 
-const at::Tensor& Linear::bias() const {
-  static const at::Tensor kUndefined;
-  return bias_ ? bias_->tensor : kUndefined;
-}
+at::Tensor Linear::bias() const { return bias_ ? bias_->value() : at::Tensor(); }
 
 at::Tensor Linear::forward(const at::Tensor& x) const {
-  XF_CHECK(weight_->tensor.defined(), "Linear [", out_, ", ", in_, "] used before loading");
+  XF_CHECK(weight_->loaded(), "Linear [", out_, ", ", in_, "] used before loading");
   XF_CHECK(x.dim() >= 1 && x.size(-1) == in_, "Linear expects [..., ", in_, "], got ",
            shape_string(x.sizes()));
-  if (is_cpu_half(x)) {
-    const auto& b = bias();
-    return at::linear(x.to(at::kFloat), weight_->tensor.to(at::kFloat),
-                      b.defined() ? b.to(at::kFloat) : b)
-        .to(at::kHalf);
-  }
-  return at::linear(x, weight_->tensor, bias());
+  return linear(x, *weight_, bias_);
 }
 
 RMSNorm::RMSNorm(int64_t dim, double eps, bool elementwise_affine) : dim_(dim), eps_(eps) {

@@ -34,6 +34,14 @@ at::Tensor activate(const at::Tensor& x, Activation act);
 
 // ---- Linear, norms ------------------------------------------------------------------------------
 
+// y = x W^T + b over a Linear layer's parameter slots, whatever their format (module.h's
+// WeightFormat): the load dtype, fp8 storage (decoded per call), or fp8 with per-channel scales
+// (backends::fp8_linear). float16 on the CPU runs in float32 and rounds back (libtorch's CPU
+// kernels lack float16 matmul). `bias` may be null. Every Linear-like layer goes through here.
+at::Tensor linear(const at::Tensor& x, const ParamSlot& weight, const ParamSlot* bias);
+// The same on decoded tensors (a convolution run as a matmul over patches); `b` may be undefined.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+
 // nn.Linear: `weight` [out, in], optional `bias` [out].
 class Linear : public Module {
  public:
@@ -41,8 +49,12 @@ class Linear : public Module {
   at::Tensor forward(const at::Tensor& x) const;  // [..., in] -> [..., out]
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
-  const at::Tensor& weight() const { return weight_->tensor; }
-  const at::Tensor& bias() const;  // undefined when there is no bias
+  // The weight and bias in the compute dtype (decoded when held in fp8); bias undefined when
+  // there is none.
+  at::Tensor weight() const { return weight_->value(); }
+  at::Tensor bias() const;
+  // The compute dtype of the layer (its weight's).
+  c10::ScalarType dtype() const { return weight_->compute_dtype(); }
 
  private:
   int64_t in_, out_;

@@ -33,6 +33,63 @@ at::Tensor take_part(const at::Tensor& full, const ParamShard& shard) {
 
 }  // namespace
 
+at::Tensor ParamSlot::value() const {
+  if (!fp8) return tensor;
+  if (!fp8->scale.defined()) return backends::from_fp8(fp8->data, fp8->format, fp8->dtype);
+  return (backends::from_fp8(fp8->data, fp8->format, at::kFloat) * fp8->scale).to(fp8->dtype);
+}
+
+c10::ScalarType ParamSlot::compute_dtype() const {
+  if (fp8) return fp8->dtype;
+  XF_CHECK(tensor.defined(), "parameter of shape ", shape_string(shape), " used before loading");
+  return tensor.scalar_type();
+}
+
+int64_t ParamSlot::bytes() const {
+  auto size = [](const at::Tensor& t) {
+    return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : int64_t{0};
+  };
+  return fp8 ? size(fp8->data) + size(fp8->scale) : size(tensor);
+}
+
+bool WeightFormat::applies(const std::string& name, const ParamSlot& slot) const {
+  switch (kind) {
+    case Kind::kAsLoaded:
+      return false;
+    case Kind::kFp8Storage:
+      if (slot.layer == LayerKind::kOther) return false;
+      break;
+    case Kind::kFp8Scaled:
+      if (slot.layer != LayerKind::kLinear || slot.shape.size() != 2 ||
+          name.size() < 6 || name.compare(name.size() - 6, 6, "weight") != 0) {
+        return false;
+      }
+      break;
+  }
+  return !selects || selects(name);
+}
+
+void WeightFormat::apply(ParamSlot& slot) const {
+  XF_CHECK(kind != Kind::kAsLoaded && !slot.fp8 && slot.tensor.defined(),
+           "WeightFormat::apply: the parameter is not loaded or already converted");
+  XF_CHECK(at::isFloatingType(slot.tensor.scalar_type()), "fp8 weights need floating-point ",
+           "parameters, got ", slot.tensor.scalar_type());
+  Fp8Weight w;
+  w.format = format;
+  w.dtype = slot.tensor.scalar_type();
+  if (kind == Kind::kFp8Storage) {
+    w.data = backends::to_fp8(slot.tensor, format);
+  } else {
+    // One float32 scale per output channel: the row's largest magnitude maps to the format's
+    // largest finite value (all-zero rows get a tiny scale and stay zero).
+    const at::Tensor t = slot.tensor.to(at::kFloat);
+    w.scale = (t.abs().amax({1}, /*keepdim=*/true) / backends::fp8_max(format)).clamp_min(1e-12);
+    w.data = backends::to_fp8(t / w.scale, format);
+  }
+  slot.fp8 = std::move(w);
+  slot.tensor = at::Tensor();
+}
+
 std::vector<int64_t> ParamSlot::stored_shape() const {
   if (!shard) return shape;
   std::vector<int64_t> out = shape;
@@ -166,7 +223,9 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
       t = pieces.size() == 1 ? pieces[0] : at::cat(pieces, sh.dim);
       if (!t.is_contiguous()) t = t.contiguous();
     }
+    slot->fp8.reset();
     slot->tensor = uploader.upload(t, slot->dtype.value_or(dtype));
+    if (options.weight_format.applies(name, *slot)) options.weight_format.apply(*slot);
   }
   uploader.finish();
 }
@@ -177,8 +236,26 @@ void Module::init_random(uint64_t seed, double std, c10::ScalarType dtype) {
     auto t = at::empty(slot->stored_shape(), at::TensorOptions().dtype(at::kFloat));
     t.normal_(0.0, std, gen);
     if (slot->shard) t = take_part(t, *slot->shard).contiguous();
+    slot->fp8.reset();
     slot->tensor = t.to(slot->dtype.value_or(dtype));
   }
+}
+
+int64_t Module::parameter_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, slot] : named_parameters()) n += slot->bytes();
+  return n;
+}
+
+int Module::apply_weight_format(const WeightFormat& format) {
+  int converted = 0;
+  for (auto& [name, slot] : named_parameters()) {
+    if (slot->tensor.defined() && format.applies(name, *slot)) {
+      format.apply(*slot);
+      ++converted;
+    }
+  }
+  return converted;
 }
 
 int64_t Module::num_parameters() const {

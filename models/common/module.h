@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +16,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+
+#include "backends/fp8.h"
 
 namespace xfuser::models {
 
@@ -33,14 +36,61 @@ struct ParamShard {
   int parts = 1;
 };
 
+// The kind of torch.nn layer a parameter belongs to, as diffusers' module tree has it: weight
+// formats treat layers by kind (fp8 storage casts Linear, Conv and Embedding layers, as
+// diffusers' layerwise casting does; fp8 GEMMs quantize Linear weights).
+enum class LayerKind : uint8_t { kOther, kLinear, kConv, kEmbedding };
+
+// A parameter held in 8-bit floating point (backends/fp8.h). Its value is data * scale in
+// `dtype`, the dtype the layer computes in.
+struct Fp8Weight {
+  at::Tensor data;  // the fp8 values, the parameter's shape
+  // float32 [out, 1], one scale per output channel (row) of a Linear weight; undefined: the
+  // values are the weights themselves (storage only, diffusers' layerwise casting).
+  at::Tensor scale;
+  backends::Fp8Format format = backends::Fp8Format::kE4M3FN;
+  c10::ScalarType dtype = c10::kFloat;
+};
+
 struct ParamSlot {
   std::vector<int64_t> shape;            // expected shape (of this rank's part when sharded)
-  at::Tensor tensor;                     // undefined until loaded
+  at::Tensor tensor;                     // undefined until loaded, and while held in fp8
   std::optional<c10::ScalarType> dtype;  // load dtype override (e.g. kept in fp32)
   std::optional<ParamShard> shard;       // set: the slot holds a part of the stored tensor
+  LayerKind layer = LayerKind::kOther;   // the layer it belongs to (set by the layer classes)
+  std::optional<Fp8Weight> fp8;          // set: the parameter is held here, not in `tensor`
 
   // The shape of the tensor in the checkpoint (== shape unless sharded).
   std::vector<int64_t> stored_shape() const;
+  // Loaded (in `tensor` or in fp8).
+  bool loaded() const { return tensor.defined() || fp8.has_value(); }
+  // The parameter in the dtype its layer computes in: `tensor`, or the fp8 values decoded and
+  // scaled (a new tensor on every call, as diffusers' layerwise casting upcasts per forward).
+  at::Tensor value() const;
+  // That dtype, without decoding.
+  c10::ScalarType compute_dtype() const;
+  // Bytes the parameter holds (fp8 values and scales, or the tensor).
+  int64_t bytes() const;
+};
+
+// How the layer parameters of a model are held after loading.
+struct WeightFormat {
+  enum class Kind {
+    kAsLoaded,    // in the load dtype
+    kFp8Storage,  // every parameter of the selected Linear / Conv / Embedding layers in fp8,
+                  // upcast to the load dtype per use (diffusers' apply_layerwise_casting)
+    kFp8Scaled,   // the selected Linear weights in fp8 with per-output-channel float32 scales
+                  // (amax / fp8 max per row); their layers run FP8 GEMMs (models/common/fp8_linear.h)
+  };
+  Kind kind = Kind::kAsLoaded;
+  backends::Fp8Format format = backends::Fp8Format::kE4M3FN;
+  // Which layer parameters (by full name) take the format; unset: all of them.
+  std::function<bool(const std::string& name)> selects;
+
+  // Whether the parameter `name` in `slot` takes this format (its layer kind, shape and name).
+  bool applies(const std::string& name, const ParamSlot& slot) const;
+  // Converts one loaded parameter to this format (its `tensor` moves into `fp8`).
+  void apply(ParamSlot& slot) const;
 };
 
 struct LoadOptions {
@@ -50,6 +100,9 @@ struct LoadOptions {
   bool allow_unexpected = false;
   // Where the weights go: copied there once, as they are read (backends::DeviceUploader).
   c10::Device device = c10::Device(c10::kCPU);
+  // Each selected parameter is converted as it is read, so the whole model never exists in the
+  // load dtype at once.
+  WeightFormat weight_format;
 };
 
 class Module {
@@ -76,6 +129,11 @@ class Module {
 
   // Total parameter count.
   int64_t num_parameters() const;
+  // Bytes the loaded parameters hold (ParamSlot::bytes summed).
+  int64_t parameter_bytes() const;
+  // Converts the loaded parameters `format` selects (load() does it as it reads; this is for
+  // modules filled otherwise, e.g. init_random). Returns how many were converted.
+  int apply_weight_format(const WeightFormat& format);
 
  protected:
   // Declares a parameter and returns its slot; the tensor is defined after load().

@@ -10,13 +10,9 @@
 namespace xfuser::models {
 namespace {
 
-// libtorch's CPU kernels lack float16 matmul (as in layers.cpp): float32 and round back.
-at::Tensor linear_op(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (x.scalar_type() == at::kHalf && !x.is_cuda()) {
-    return at::linear(x.to(at::kFloat), w.to(at::kFloat), b.defined() ? b.to(at::kFloat) : b)
-        .to(at::kHalf);
-  }
-  return at::linear(x, w, b);
+void mark_linear(ParamSlot* weight, ParamSlot* bias) {
+  weight->layer = LayerKind::kLinear;
+  if (bias) bias->layer = LayerKind::kLinear;
 }
 
 int64_t sum_of(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), 0L); }
@@ -41,15 +37,16 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_feat
   segments_ = static_cast<int>(segments.size());
   weight_ = &sharded_param("weight", {out_features, in_features}, tp.shard(0, segments));
   if (bias) bias_ = &sharded_param("bias", {out_features}, tp.shard(0, segments));
+  mark_linear(weight_, bias_);
   local_out_ = weight_->shape[0];
 }
 
 at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const {
-  XF_CHECK(weight_->tensor.defined(), "ColumnParallelLinear [", local_out_, ", ", in_,
+  XF_CHECK(weight_->loaded(), "ColumnParallelLinear [", local_out_, ", ", in_,
            "] used before loading");
   XF_CHECK(x.dim() >= 1 && x.size(-1) == in_, "ColumnParallelLinear expects [..., ", in_, "], got ",
            shape_string(x.sizes()));
-  return linear_op(x, weight_->tensor, bias_ ? bias_->tensor : at::Tensor());
+  return linear(x, *weight_, bias_);
 }
 
 at::Tensor ColumnParallelLinear::forward_gathered(const at::Tensor& x,
@@ -74,21 +71,21 @@ RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features,
            ", in_features is ", in_features);
   weight_ = &sharded_param("weight", {out_features, in_features}, tp.shard(1, segments));
   if (bias) bias_ = &param("bias", {out_features});  // replicated, added once
+  mark_linear(weight_, bias_);
   local_in_ = weight_->shape[1];
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x, const TensorParallelOps& ops) const {
-  XF_CHECK(weight_->tensor.defined(), "RowParallelLinear [", out_, ", ", local_in_,
+  XF_CHECK(weight_->loaded(), "RowParallelLinear [", out_, ", ", local_in_,
            "] used before loading");
   XF_CHECK(x.dim() >= 1 && x.size(-1) == local_in_, "RowParallelLinear expects [..., ", local_in_,
            "] (this rank's input features), got ", shape_string(x.sizes()));
-  const at::Tensor& b = bias_ ? bias_->tensor : at::Tensor();
-  if (parts_ == 1) return linear_op(x, weight_->tensor, b);
+  if (parts_ == 1) return linear(x, *weight_, bias_);
   XF_CHECK(static_cast<bool>(ops.all_reduce), "a tensor-parallel model (degree ", parts_,
            ") runs without its all-reduce hook: set the tensor-parallel ops before forward");
-  at::Tensor y = linear_op(x, weight_->tensor, at::Tensor()).contiguous();  // [..., out] partial
+  at::Tensor y = linear(x, *weight_, nullptr).contiguous();  // [..., out] partial
   ops.all_reduce(y);
-  return b.defined() ? y + b : y;
+  return bias_ ? y + bias_->value() : y;
 }
 
 // ---- ParallelFeedForward ------------------------------------------------------------------------

@@ -104,6 +104,12 @@ class DiTTransformer : public Component {
   virtual std::vector<int64_t> other_parameters() const = 0;
   // Dtype of the loaded parameters (the compute dtype); an error before loading.
   virtual c10::ScalarType dtype() const = 0;
+  // diffusers' layerwise-casting skip patterns of the class: its _skip_layerwise_casting_patterns
+  // and _keep_in_fp32_modules (regular expressions, searched in module names; dit_weight_format).
+  virtual std::vector<std::string> layerwise_casting_skip_patterns() const = 0;
+  // The name prefixes of the block lists ("transformer_blocks.", ...): FP8 GEMMs quantize the
+  // Linear layers under them.
+  virtual std::vector<std::string> block_list_prefixes() const = 0;
 
   // ---- the forward, split ----
   // Shape checks naming the input and the expected shape.

@@ -1,5 +1,7 @@
 #include "models/dit/dit_parallel.h"
 
+#include <regex>
+
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -44,7 +46,8 @@ std::shared_ptr<DiTTransformer> load_dit_transformer(const std::string& dir, c10
                                                      const parallel::ProcessGroups* groups,
                                                      const DiTPart& part,
                                                      const std::string& expected_class,
-                                                     c10::Device device) {
+                                                     c10::Device device,
+                                                     const WeightFormat& weights) {
   ComponentFolder folder = open_component_folder(dir);
   XF_CONTEXT("loading ", folder.class_name, " from ", dir);
   XF_CHECK(expected_class.empty() || folder.class_name == expected_class, dir, " holds a ",
@@ -55,13 +58,61 @@ std::shared_ptr<DiTTransformer> load_dit_transformer(const std::string& dir, c10
   const bool whole = model->part().block_begin == 0 &&
                      model->part().block_end == model->num_blocks() && model->part().embedders &&
                      model->part().head;
+  XF_CHECK(weights.kind != WeightFormat::Kind::kFp8Scaled || tp.size == 1,
+           "--use_fp8_gemms with --tensor_parallel_degree ", tp.size,
+           " is not supported yet: a row-parallel layer would scale each rank's part of a row on "
+           "its own; use sequence, CFG, data or PipeFusion parallelism with FP8 GEMMs");
   LoadOptions options;
   // A pipeline stage reads only its own tensors from the (memory-mapped) checkpoint.
   options.allow_unexpected = !whole;
   options.device = device;
+  options.weight_format = dit_weight_format(*model, weights);
   model->load(*folder.weights, dtype, "", options);
   if (tp.size > 1) model->set_tensor_parallel_ops(tensor_parallel_ops(groups->tp()));
   return model;
+}
+
+WeightFormat dit_weight_format(const DiTTransformer& model, const WeightFormat& kind_and_format) {
+  WeightFormat out = kind_and_format;
+  switch (out.kind) {
+    case WeightFormat::Kind::kAsLoaded:
+      out.selects = nullptr;
+      break;
+    case WeightFormat::Kind::kFp8Storage: {
+      std::vector<std::regex> skip;
+      for (const char* p : {"pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$"}) {
+        skip.emplace_back(p);
+      }
+      for (const auto& p : model.layerwise_casting_skip_patterns()) skip.emplace_back(p);
+      out.selects = [skip](const std::string& name) {
+        // diffusers tests each enclosing module's name from the outside in and stops at the
+        // first match; the parameter's own attribute name (after the last dot) is not tested.
+        const size_t leaf = name.rfind('.');
+        if (leaf == std::string::npos) return true;
+        size_t dot = name.find('.');
+        while (true) {
+          const std::string module = name.substr(0, dot);
+          for (const auto& re : skip) {
+            if (std::regex_search(module, re)) return false;
+          }
+          if (dot >= leaf) return true;
+          dot = name.find('.', dot + 1);
+        }
+      };
+      break;
+    }
+    case WeightFormat::Kind::kFp8Scaled: {
+      const auto prefixes = model.block_list_prefixes();
+      out.selects = [prefixes](const std::string& name) {
+        for (const auto& p : prefixes) {
+          if (name.compare(0, p.size(), p) == 0) return true;
+        }
+        return false;
+      };
+      break;
+    }
+  }
+  return out;
 }
 
 std::shared_ptr<DiTTransformer> describe_dit_transformer(const std::string& dir) {

@@ -30,12 +30,26 @@ TensorParallelOps tensor_parallel_ops(parallel::Communicator& tp);
 // its slices of the weights) and its tensor-parallel ops are wired to groups->tp(); `groups`
 // must outlive it. A `part` other than the whole model reads only that part's tensors.
 // `expected_class` (if not empty) must match the folder's class. The weights are copied to
-// `device` as they are read.
+// `device` as they are read, and held as `weights` says (its kind and format; which parameters
+// it selects is the model's: dit_weight_format). FP8 GEMMs refuse tensor parallelism: a
+// row-parallel layer's per-token and per-channel scales would be taken over a part of each row.
 std::shared_ptr<DiTTransformer> load_dit_transformer(const std::string& dir, c10::ScalarType dtype,
                                                      const parallel::ProcessGroups* groups,
                                                      const DiTPart& part = {},
                                                      const std::string& expected_class = "",
-                                                     c10::Device device = c10::Device(c10::kCPU));
+                                                     c10::Device device = c10::Device(c10::kCPU),
+                                                     const WeightFormat& weights = {});
+
+// `kind` and `format` with the parameters they select in `model`:
+// - fp8 storage: every Linear, Conv and Embedding layer whose module name (or an enclosing
+//   module's) does not match, as Python's re.search, diffusers' default skip patterns
+//   (pos_embed, patch_embed, norm, ^proj_in$, ^proj_out$) or the model's own
+//   (DiTTransformer::layerwise_casting_skip_patterns): what diffusers'
+//   enable_layerwise_casting casts;
+// - fp8 GEMMs: the Linear weights inside the transformer blocks (block_list_prefixes), as xDiT's
+//   fp8_gemm_module_list; embedders, modulation outside the blocks and the head keep the load
+//   dtype.
+WeightFormat dit_weight_format(const DiTTransformer& model, const WeightFormat& kind_and_format);
 
 // An unloaded whole model of the folder's class (shapes only: nothing is allocated), for
 // planning (PipeFusion stages, memory estimates, validation).

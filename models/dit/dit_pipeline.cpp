@@ -56,11 +56,13 @@ void DiTPipeline::load_transformer(const std::filesystem::path& dir,
         pipefusion_stage_layers(*whole, groups->config().pp(), options.pipefusion_layers);
     transformer_ = load_dit_transformer(dir.string(), options.dtype, groups.get(),
                                         pipefusion_stage_part(layers, groups->coords().pp),
-                                        expected_class, options.device);
+                                        expected_class, options.device,
+                                        options.transformer_weights);
   } else {
     // Under tensor parallelism each rank reads only its slices of the transformer's weights.
     transformer_ = load_dit_transformer(dir.string(), options.dtype, groups.get(), DiTPart{},
-                                        expected_class, options.device);
+                                        expected_class, options.device,
+                                        options.transformer_weights);
   }
 }
 

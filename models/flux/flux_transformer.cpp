@@ -259,9 +259,9 @@ FluxTransformer2DModel::~FluxTransformer2DModel() = default;
 
 c10::ScalarType FluxTransformer2DModel::dtype() const {
   // time_text_embed is held by every part; its first parameter has the compute dtype.
-  const auto& w = timestep_embedder_->named_parameters().front().second->tensor;
-  XF_CHECK(w.defined(), "FluxTransformer2DModel used before its weights were loaded");
-  return w.scalar_type();
+  const auto* w = timestep_embedder_->named_parameters().front().second;
+  XF_CHECK(w->loaded(), "FluxTransformer2DModel used before its weights were loaded");
+  return w->compute_dtype();
 }
 
 const std::vector<std::string>& FluxTransformer2DModel::input_names() {

@@ -65,6 +65,12 @@ class FluxTransformer2DModel : public dit::DiTTransformer {
   const FluxConfig& config() const { return config_; }
   // Dtype of the loaded parameters (the compute dtype); an error before loading.
   c10::ScalarType dtype() const override;
+  std::vector<std::string> layerwise_casting_skip_patterns() const override {
+    return {"pos_embed", "norm"};
+  }
+  std::vector<std::string> block_list_prefixes() const override {
+    return {"transformer_blocks.", "single_transformer_blocks."};
+  }
 
   // The DiT interface (models/dit/dit.h). Attention layer indices: double block i -> i, single
   // block j -> num_layers + j.

@@ -66,7 +66,7 @@ class Flux2TimestepEmbedding : public Module {
   at::Tensor forward(const at::Tensor& x) const {
     return linear_2_->forward(activate(linear_1_->forward(x), Activation::kSilu));
   }
-  const at::Tensor& weight() const { return linear_1_->weight(); }
+  const Linear& linear_1() const { return *linear_1_; }
 
  private:
   std::shared_ptr<Linear> linear_1_, linear_2_;
@@ -269,9 +269,9 @@ Flux2Transformer2DModel::~Flux2Transformer2DModel() = default;
 
 c10::ScalarType Flux2Transformer2DModel::dtype() const {
   // time_guidance_embed is held by every part; its weights have the compute dtype.
-  const auto& w = timestep_embedder_->weight();
-  XF_CHECK(w.defined(), "Flux2Transformer2DModel used before its weights were loaded");
-  return w.scalar_type();
+  const auto* w = timestep_embedder_->linear_1().named_parameters().front().second;
+  XF_CHECK(w->loaded(), "Flux2Transformer2DModel used before its weights were loaded");
+  return w->compute_dtype();
 }
 
 const std::vector<std::string>& Flux2Transformer2DModel::input_names() {

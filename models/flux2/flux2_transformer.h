@@ -72,6 +72,12 @@ class Flux2Transformer2DModel : public dit::DiTTransformer {
 
   const Flux2Config& config() const { return config_; }
   c10::ScalarType dtype() const override;
+  std::vector<std::string> layerwise_casting_skip_patterns() const override {
+    return {"pos_embed", "norm"};
+  }
+  std::vector<std::string> block_list_prefixes() const override {
+    return {"transformer_blocks.", "single_transformer_blocks."};
+  }
 
   // The DiT interface. Attention layer indices: double block i -> i, single block j ->
   // num_layers + j.

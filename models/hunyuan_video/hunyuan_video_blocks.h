@@ -61,9 +61,9 @@ class HunyuanVideoConditionEmbedding : public Module {
     }
   }
   c10::ScalarType dtype() const {
-    const auto& w = timestep_embedder_->named_parameters().front().second->tensor;
-    XF_CHECK(w.defined(), "HunyuanVideoTransformer3DModel used before its weights were loaded");
-    return w.scalar_type();
+    const auto* w = timestep_embedder_->named_parameters().front().second;
+    XF_CHECK(w->loaded(), "HunyuanVideoTransformer3DModel used before its weights were loaded");
+    return w->compute_dtype();
   }
   // timestep [B|1], pooled [B, P] (the model dtype), guidance [B|1] or undefined -> [B, D].
   at::Tensor forward(const at::Tensor& timestep, const at::Tensor& pooled,
@@ -186,15 +186,10 @@ class HunyuanVideoPatchEmbed : public Module {
       : dim_(dim) {
     weight_ = &param("proj.weight", {dim, in_channels, patch[0], patch[1], patch[2]});
     bias_ = &param("proj.bias", {dim});
+    weight_->layer = bias_->layer = LayerKind::kConv;
   }
   at::Tensor forward(const at::Tensor& tokens) const {  // [B, n, C*pt*p*p] -> [B, n, D]
-    const auto w = weight_->tensor.reshape({dim_, -1});
-    if (tokens.scalar_type() == at::kHalf && !tokens.is_cuda()) {
-      // libtorch's CPU kernels lack float16 matmul (as in layers.cpp): float32 and round back.
-      return at::linear(tokens.to(at::kFloat), w.to(at::kFloat), bias_->tensor.to(at::kFloat))
-          .to(at::kHalf);
-    }
-    return at::linear(tokens, w, bias_->tensor);
+    return linear(tokens, weight_->value().reshape({dim_, -1}), bias_->value());
   }
 
  private:

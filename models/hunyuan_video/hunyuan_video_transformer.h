@@ -95,6 +95,12 @@ class HunyuanVideoTransformer3DModel : public dit::DiTTransformer {
   // {x_embedder + context_embedder, time_text_embed, norm_out + proj_out}.
   std::vector<int64_t> other_parameters() const override;
   c10::ScalarType dtype() const override;
+  std::vector<std::string> layerwise_casting_skip_patterns() const override {
+    return {"x_embedder", "context_embedder", "norm"};
+  }
+  std::vector<std::string> block_list_prefixes() const override {
+    return {"transformer_blocks.", "single_transformer_blocks."};
+  }
 
   void check_inputs(const dit::DiTInputs& in) const override;
   // call("forward")'s named tensors as token inputs (patchified, with token ids), checked.

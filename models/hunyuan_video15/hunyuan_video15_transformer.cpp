@@ -130,7 +130,10 @@ HunyuanVideo15Transformer3DModel::HunyuanVideo15Transformer3DModel(HunyuanVideo1
     timestep_embedder_r_ = child("time_embed.timestep_embedder_r",
                                  std::make_shared<TimestepEmbedding>(kTimestepChannels, dim));
   }
-  if (part_.embedders) cond_type_embed_ = &param("cond_type_embed.weight", {kCondTypes, dim});
+  if (part_.embedders) {
+    cond_type_embed_ = &param("cond_type_embed.weight", {kCondTypes, dim});
+    cond_type_embed_->layer = LayerKind::kEmbedding;  // diffusers' nn.Embedding
+  }
   const auto block_config = c.block_config();
   blocks_.resize(c.num_layers);
   for (int64_t i = part_.block_begin; i < part_.block_end; ++i) {
@@ -148,9 +151,9 @@ HunyuanVideo15Transformer3DModel::HunyuanVideo15Transformer3DModel(HunyuanVideo1
 HunyuanVideo15Transformer3DModel::~HunyuanVideo15Transformer3DModel() = default;
 
 c10::ScalarType HunyuanVideo15Transformer3DModel::dtype() const {
-  const auto& w = timestep_embedder_->named_parameters().front().second->tensor;
-  XF_CHECK(w.defined(), "HunyuanVideo15Transformer3DModel used before its weights were loaded");
-  return w.scalar_type();
+  const auto* w = timestep_embedder_->named_parameters().front().second;
+  XF_CHECK(w->loaded(), "HunyuanVideo15Transformer3DModel used before its weights were loaded");
+  return w->compute_dtype();
 }
 
 std::vector<int64_t> HunyuanVideo15Transformer3DModel::block_parameters() const {
@@ -334,7 +337,7 @@ dit::DiTActivations HunyuanVideo15Transformer3DModel::embed(const dit::DiTInputs
   a.text_tokens = keys.size(1);
   if (x_embedder_) {
     a.hidden = x_embedder_->forward(in.tokens.to(dtype));  // [B, n, D]
-    const auto& cond = cond_type_embed_->tensor;           // [3, D]
+    const at::Tensor cond = cond_type_embed_->value();     // [3, D]
     auto text = context_embedder_->forward(in.text.to(dtype), in.timestep, in.text_mask) + cond[0];
     auto glyphs = context_embedder_2_->forward(in.extra.at(kTextEmbeds2).to(dtype)) + cond[1];
     auto image = image_embedder_->forward(image_embeds.to(dtype));

@@ -16,15 +16,6 @@ namespace {
 constexpr double kNormEps = 1e-6;
 constexpr int64_t kTimestepChannels = 256;
 
-// libtorch's CPU kernels lack float16 matmul (as in layers.cpp): float32 and round back.
-at::Tensor linear_op(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (x.scalar_type() == at::kHalf && !x.is_cuda()) {
-    return at::linear(x.to(at::kFloat), w.to(at::kFloat), b.defined() ? b.to(at::kFloat) : b)
-        .to(at::kHalf);
-  }
-  return at::linear(x, w, b);
-}
-
 // [B, S, H*hd] -> [B, S, H, hd]
 at::Tensor split_heads(const at::Tensor& x, int64_t heads) {
   return x.view({x.size(0), x.size(1), heads, x.size(2) / heads});
@@ -250,11 +241,12 @@ class SD3Transformer2DModel::PatchEmbed : public Module {
     weight_ = &param("proj.weight", {dim, in_channels, patch, patch});
     bias_ = &param("proj.bias", {dim});
     table_ = &param("pos_embed", {1, max_size * max_size, dim});
+    weight_->layer = bias_->layer = LayerKind::kConv;  // diffusers' `proj` Conv2d
   }
   // tokens [B, n, C*p*p], ids [n, 2] (row, col) -> [B, n, D]
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& ids) const {
-    XF_CHECK(weight_->tensor.defined(), "pos_embed used before loading");
-    auto x = linear_op(tokens, weight_->tensor.reshape({dim_, -1}), bias_->tensor);
+    XF_CHECK(weight_->loaded(), "pos_embed used before loading");
+    auto x = linear(tokens, weight_->value().reshape({dim_, -1}), bias_->value());
     auto rc = ids.to(table_->tensor.device());
     rc = (at::isFloatingType(rc.scalar_type()) ? rc.round() : rc).to(at::kLong);  // [n, 2]
     auto rows = rc.select(1, 0) * max_size_ + rc.select(1, 1);                    // [n]
@@ -316,9 +308,9 @@ SD3Transformer2DModel::~SD3Transformer2DModel() = default;
 
 c10::ScalarType SD3Transformer2DModel::dtype() const {
   // time_text_embed is held by every part; its first parameter has the compute dtype.
-  const auto& w = timestep_embedder_->named_parameters().front().second->tensor;
-  XF_CHECK(w.defined(), "SD3Transformer2DModel used before its weights were loaded");
-  return w.scalar_type();
+  const auto* w = timestep_embedder_->named_parameters().front().second;
+  XF_CHECK(w->loaded(), "SD3Transformer2DModel used before its weights were loaded");
+  return w->compute_dtype();
 }
 
 std::vector<int64_t> SD3Transformer2DModel::block_parameters() const {

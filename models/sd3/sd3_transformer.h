@@ -52,6 +52,12 @@ class SD3Transformer2DModel : public dit::DiTTransformer {
   // {pos_embed (conv + table) and context_embedder, time_text_embed, norm_out and proj_out}.
   std::vector<int64_t> other_parameters() const override;
   c10::ScalarType dtype() const override;
+  std::vector<std::string> layerwise_casting_skip_patterns() const override {
+    return {"pos_embed", "norm"};
+  }
+  std::vector<std::string> block_list_prefixes() const override {
+    return {"transformer_blocks."};
+  }
 
   void check_inputs(const dit::DiTInputs& in) const override;
   // call("forward")'s named tensors as token inputs (patchified, with token ids), checked: the

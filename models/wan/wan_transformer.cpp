@@ -78,9 +78,9 @@ class WanConditionEmbedder : public Module {
     }
   }
   c10::ScalarType dtype() const {
-    const auto& w = time_proj_->weight();
-    XF_CHECK(w.defined(), "WanTransformer3DModel used before its weights were loaded");
-    return w.scalar_type();
+    const auto* w = time_proj_->named_parameters().front().second;
+    XF_CHECK(w->loaded(), "WanTransformer3DModel used before its weights were loaded");
+    return w->compute_dtype();
   }
   struct Output {
     at::Tensor temb, timestep_proj, text, image;
@@ -91,7 +91,7 @@ class WanConditionEmbedder : public Module {
     Output o;
     // diffusers: the float32 sinusoid, cast to time_embedder's dtype (float32: kept), then
     // temb.type_as(encoder_hidden_states) (the model dtype).
-    const auto time_dtype = time_embedder_->named_parameters().front().second->tensor.scalar_type();
+    const auto time_dtype = time_embedder_->named_parameters().front().second->compute_dtype();
     auto t = timestep_embedding(timestep, freq_dim_, true, 0.0).to(time_dtype);
     o.temb = time_embedder_->forward(t).to(dtype);                               // [B|1, D]
     o.timestep_proj = time_proj_->forward(activate(o.temb, Activation::kSilu));  // [B|1, 6D]
@@ -311,15 +311,10 @@ class WanTransformer3DModel::PatchEmbedding : public Module {
   PatchEmbedding(int64_t in_channels, const std::vector<int64_t>& patch, int64_t dim) : dim_(dim) {
     weight_ = &param("weight", {dim, in_channels, patch[0], patch[1], patch[2]});
     bias_ = &param("bias", {dim});
+    weight_->layer = bias_->layer = LayerKind::kConv;
   }
   at::Tensor forward(const at::Tensor& tokens) const {  // [B, n, C*pt*ph*pw] -> [B, n, D]
-    const auto w = weight_->tensor.reshape({dim_, -1});
-    if (tokens.scalar_type() == at::kHalf && !tokens.is_cuda()) {
-      // libtorch's CPU kernels lack float16 matmul (as in layers.cpp): float32 and round back.
-      return at::linear(tokens.to(at::kFloat), w.to(at::kFloat), bias_->tensor.to(at::kFloat))
-          .to(at::kHalf);
-    }
-    return at::linear(tokens, w, bias_->tensor);
+    return linear(tokens, weight_->value().reshape({dim_, -1}), bias_->value());
   }
 
  private:

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "backends/error.h"
+#include "backends/fp8.h"
 #include "backends/tensor_util.h"
 
 // libtorch >= 2.1 has fp8 dtypes; older versions decode fp8 to float32 on load.
@@ -106,41 +107,6 @@ int64_t numel_of(const std::vector<int64_t>& shape, size_t from = 0) {
   int64_t n = 1;
   for (size_t i = from; i < shape.size(); ++i) n *= shape[i];
   return n;
-}
-
-// float32 value of every fp8 byte. e4m3fn: bias 7, no infinities, S.1111.111 is NaN.
-// e5m2: bias 15, IEEE-style infinities (S.11111.00) and NaNs (S.11111.xx, xx != 0).
-float decode_fp8(uint8_t byte, Fp8 kind) {
-  const bool negative = (byte & 0x80) != 0;
-  const int exp_bits = kind == Fp8::kE4M3 ? 4 : 5;
-  const int mant_bits = 7 - exp_bits;
-  const int bias = kind == Fp8::kE4M3 ? 7 : 15;
-  const int exp = (byte >> mant_bits) & ((1 << exp_bits) - 1);
-  const int mant = byte & ((1 << mant_bits) - 1);
-  const float scale = static_cast<float>(1 << mant_bits);
-  float value;
-  if (kind == Fp8::kE4M3 && exp == 15 && mant == 7) {
-    value = std::numeric_limits<float>::quiet_NaN();
-  } else if (kind == Fp8::kE5M2 && exp == 31) {
-    value = mant == 0 ? std::numeric_limits<float>::infinity()
-                      : std::numeric_limits<float>::quiet_NaN();
-  } else if (exp == 0) {
-    value = std::ldexp(static_cast<float>(mant) / scale, 1 - bias);  // subnormal
-  } else {
-    value = std::ldexp(1.0f + static_cast<float>(mant) / scale, exp - bias);
-  }
-  return negative ? -value : value;
-}
-
-const std::array<float, 256>& fp8_table(Fp8 kind) {
-  static const auto make = [](Fp8 k) {
-    std::array<float, 256> t{};
-    for (int b = 0; b < 256; ++b) t[b] = decode_fp8(static_cast<uint8_t>(b), k);
-    return t;
-  };
-  static const std::array<float, 256> e4m3 = make(Fp8::kE4M3);
-  static const std::array<float, 256> e5m2 = make(Fp8::kE5M2);
-  return kind == Fp8::kE4M3 ? e4m3 : e5m2;
 }
 
 // Closes a file descriptor on scope exit.
@@ -330,10 +296,11 @@ at::Tensor SafetensorsFile::make_tensor(const Entry& e, const uint8_t* data,
   const int64_t numel = numel_of(shape);
   const auto options = at::TensorOptions().dtype(spec.type).device(at::kCPU);
   if (kDecodeFp8 && spec.fp8 != Fp8::kNone) {
-    const auto& table = fp8_table(spec.fp8);
+    const auto format =
+        spec.fp8 == Fp8::kE4M3 ? backends::Fp8Format::kE4M3FN : backends::Fp8Format::kE5M2;
     at::Tensor out = at::empty(shape, options);
     float* dst = out.data_ptr<float>();
-    for (int64_t i = 0; i < numel; ++i) dst[i] = table[data[i]];
+    for (int64_t i = 0; i < numel; ++i) dst[i] = backends::fp8_decode(data[i], format);
     return out;
   }
   // Empty tensors own no bytes; unaligned data (legal: offsets are arbitrary) is copied.
