@@ -21,7 +21,8 @@
 #define XFUSER_NATIVE_FP8 0
 #endif
 // Row-wise scaled matmul (per-row and per-column float32 scales) is in libtorch >= 2.5.
-#if XFUSER_TORCH_CUDA && (XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 5))
+#if XFUSER_TORCH_CUDA && \
+    (XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 5))
 #define XFUSER_ROWWISE_SCALED_MM 1
 #else
 #define XFUSER_ROWWISE_SCALED_MM 0
@@ -220,14 +221,15 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& data, const at::Ten
   out_shape.back() = n;
   const at::Tensor xf = x.reshape({-1, k}).to(at::kFloat);
   // Per-token scales: each row's largest magnitude maps to the format's largest finite value.
-  const at::Tensor x_scale = (xf.abs().amax({1}, /*keepdim=*/true) / fp8_max(format)).clamp_min(1e-12);
+  const at::Tensor x_scale =
+      (xf.abs().amax({1}, /*keepdim=*/true) / fp8_max(format)).clamp_min(1e-12);
   const at::Tensor xq = to_fp8(xf / x_scale, format);
 #if XFUSER_ROWWISE_SCALED_MM
   if (fp8_linear_path(x.device(), format, dtype, k, n) == "scaled_mm") {
-    const at::Tensor y = at::_scaled_mm(xq, data.t(), x_scale, scale.t().contiguous(),
-                                        bias.defined() ? std::optional<at::Tensor>(bias.to(dtype))
-                                                       : std::nullopt,
-                                        std::nullopt, dtype);
+    const at::Tensor y =
+        at::_scaled_mm(xq, data.t(), x_scale, scale.t().contiguous(),
+                       bias.defined() ? std::optional<at::Tensor>(bias.to(dtype)) : std::nullopt,
+                       std::nullopt, dtype);
     return y.reshape(out_shape);
   }
 #endif

@@ -25,8 +25,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
-#include "models/common/module.h"
 #include "backends/backend.h"
+#include "models/common/module.h"
 
 namespace xfuser::parallel {
 class ProcessGroups;
@@ -118,6 +118,9 @@ class XFuserModel {
   // Loads every component from a diffusers pipeline folder (model_index.json).
   void load(const std::filesystem::path& pipeline_dir, const ModelLoadOptions& options);
   bool loaded() const { return loaded_; }
+  // Bytes the loaded transformer(s) hold in their parameters (this rank's part; fp8 weights
+  // count their values and scales); 0 for a model without one.
+  virtual int64_t transformer_parameter_bytes() const { return 0; }
   const ModelLoadOptions& load_options() const { return load_options_; }
   // What load() chose for every overridable op and why (compile -> override -> eager).
   const std::vector<backends::BackendTimelineEntry>& backend_timeline() const {

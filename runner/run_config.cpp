@@ -14,8 +14,7 @@ namespace {
 
 // Flags accepted by the parser whose feature lands in a later issue. Using one is an error.
 const std::set<std::string>& not_yet_supported() {
-  static const std::set<std::string> flags = {"--use_fsdp", "--use_fp8_gemms",
-                                              "--enable_model_cpu_offload",
+  static const std::set<std::string> flags = {"--use_fsdp", "--enable_model_cpu_offload",
                                               "--enable_sequential_cpu_offload"};
   return flags;
 }
@@ -130,7 +129,17 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_flag("--use_torch_compile", c.use_torch_compile,
                "Compile / fused-override path of the backend")
       ->group(kOpt);
-  app.add_flag("--use_fp8_gemms", c.use_fp8_gemms, "Enable FP8 GEMM quantization")->group(kOpt);
+  app.add_flag("--use_fp8_gemms", c.use_fp8_gemms,
+               "Transformer blocks' linear layers in float8_e4m3fn with per-channel scales, run "
+               "as FP8 GEMMs with per-token activation scales (scaled matmul on GPUs with FP8 "
+               "tensor cores, emulated elsewhere; docs/fp8.md)")
+      ->group(kOpt);
+  app.add_option("--fp8_storage", c.fp8_storage,
+                 "Store the transformer's weights in this fp8 dtype and upcast each layer to the "
+                 "compute dtype as it runs, as diffusers' enable_layerwise_casting "
+                 "(float8_e4m3fn or float8_e5m2)")
+      ->check(CLI::IsMember({"float8_e4m3fn", "float8_e5m2"}))
+      ->group(kOpt);
   app.add_flag("--enable_tiling", c.enable_tiling, "Enable VAE tiling")->group(kOpt);
   app.add_flag("--enable_slicing", c.enable_slicing, "Enable VAE slicing")->group(kOpt);
   app.add_flag("--enable_model_cpu_offload", c.enable_model_cpu_offload, "Enable model CPU offload")

@@ -69,6 +69,7 @@ struct RunConfig {
   // Optimization
   bool use_torch_compile = false;
   bool use_fp8_gemms = false;
+  std::string fp8_storage;  // "" (weights as loaded), float8_e4m3fn or float8_e5m2
   bool enable_tiling = false;
   bool enable_slicing = false;
   bool enable_model_cpu_offload = false;

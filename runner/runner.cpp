@@ -130,6 +130,19 @@ void remove_stale_temp_files(const ResolvedArgs& args, int world_size) {
   }
 }
 
+// How the transformers hold their weights, as reports and PNG text name it.
+std::string weights_name(const models::WeightFormat& w) {
+  switch (w.kind) {
+    case models::WeightFormat::Kind::kAsLoaded:
+      return "as_loaded";
+    case models::WeightFormat::Kind::kFp8Storage:
+      return "fp8_storage:" + backends::fp8_format_name(w.format);
+    case models::WeightFormat::Kind::kFp8Scaled:
+      return "fp8_gemms:" + backends::fp8_format_name(w.format);
+  }
+  return "?";
+}
+
 // The parameters an image records (PNG text) and --resume compares: everything that changes the
 // pixels. `negative` is set when the prompt runs with true CFG.
 std::map<std::string, std::string> generation_text(const ResolvedArgs& args,
@@ -164,6 +177,9 @@ std::map<std::string, std::string> generation_text(const ResolvedArgs& args,
     text["fps"] = std::to_string(c.fps.value_or(0));
   }
   if (c.flow_shift) text["flow_shift"] = format_double(*c.flow_shift);
+  if (const std::string w = weights_name(args.transformer_weights); w != "as_loaded") {
+    text["weights"] = w;
+  }
   if (c.flow_sigmas) text["flow_sigmas"] = *c.flow_sigmas;
   if (c.guidance_scale_2) text["guidance_scale_2"] = format_double(*c.guidance_scale_2);
   // The input files, by digest: a changed picture or latents file under the same name is a change.
@@ -424,6 +440,20 @@ ResolvedArgs Runner::preprocess_args() const {
   args.device = backends::select_device(c.device);
   // Now, so a bad name fails before anything loads.
   args.attention_kernel = backends::resolve_attention_kernel(c.attention_backend, args.device);
+  XF_CHECK(!(c.use_fp8_gemms && !c.fp8_storage.empty()),
+           "--use_fp8_gemms and --fp8_storage are two ways to hold the weights in fp8: give one");
+  if (c.use_fp8_gemms) {
+    args.transformer_weights.kind = models::WeightFormat::Kind::kFp8Scaled;
+    args.transformer_weights.format = backends::Fp8Format::kE4M3FN;
+  } else if (!c.fp8_storage.empty()) {
+    args.transformer_weights.kind = models::WeightFormat::Kind::kFp8Storage;
+    args.transformer_weights.format = backends::parse_fp8_format(c.fp8_storage, "--fp8_storage");
+  }
+  XF_CHECK(args.transformer_weights.kind != models::WeightFormat::Kind::kFp8Scaled ||
+               c.tensor_parallel_degree <= 1,
+           "--use_fp8_gemms with --tensor_parallel_degree ", c.tensor_parallel_degree,
+           " is not supported yet: a row-parallel layer would scale each rank's part of a row on "
+           "its own; use sequence, CFG, data or PipeFusion parallelism with FP8 GEMMs");
   // Flags that would change nothing: one warning each, naming the flag.
   if (!c.negative_prompt.empty() && spec.options.count("--true_cfg_scale") &&
       *c.true_cfg_scale <= 1.0) {
@@ -689,6 +719,7 @@ void Runner::initialize(const ResolvedArgs& args) {
   }
   options.pipefusion_layers = args.config.pipefusion_layers;
   options.parallel_vae = args.config.use_parallel_vae;
+  options.transformer_weights = args.transformer_weights;
   model_->load(model_dir_, options);
   for (const auto& e : model_->backend_timeline()) {
     spdlog::debug("backend {}: op {} runs {} ({})", e.backend, e.tag, e.chosen,
@@ -982,6 +1013,7 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                         {"max_sequence_length", args.request.max_sequence_length},
                         {"seed", c.seed},
                         {"dtype", c.dtype},
+                        {"transformer_weights", weights_name(args.transformer_weights)},
                         {"prompts", args.request.prompts.size()},
                         {"batch_size", args.batch_size},
                         {"dataset_path", c.dataset_path},
@@ -1062,6 +1094,8 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
     getrusage(RUSAGE_SELF, &usage);
     report["memory"] = {{"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024},
                         {"device", backends::device_name(args.device)}};
+    if (model_)
+      report["memory"]["transformer_parameter_bytes"] = model_->transformer_parameter_bytes();
     const backends::DeviceMemoryStats dev_mem = backends::device_memory_stats(args.device);
     if (dev_mem.available) {
       // The caching allocator's view of the GPU: what tensors hold, what it keeps, and peaks.

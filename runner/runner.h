@@ -53,6 +53,8 @@ struct ResolvedArgs {
   // --attention_backend, else XFUSER_ATTENTION_KERNEL, else automatic; initialize() makes it the
   // process default (backends::set_default_attention_kernel).
   backends::AttentionKernel attention_kernel = backends::AttentionKernel::automatic;
+  // --use_fp8_gemms / --fp8_storage: how the transformers hold their weights.
+  models::WeightFormat transformer_weights;
 };
 
 // Communication per group name, then per operation, of one timed iteration.

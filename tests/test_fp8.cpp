@@ -16,6 +16,7 @@
 #include "backends/fp8.h"
 #include "models/common/layers.h"
 #include "models/dit/dit_parallel.h"
+#include "runner/outputs.h"
 #include "test_util.h"
 
 namespace {
@@ -145,8 +146,7 @@ TEST(Fp8Codec, TensorsRoundTripOnEveryLibtorch) {
   for (Fp8Format f : {Fp8Format::kE4M3FN, Fp8Format::kE5M2}) {
     const at::Tensor native = xfuser::backends::to_fp8(x, f).view(at::kByte);
     for (int64_t i = 0; i < x.numel(); ++i) {
-      ASSERT_EQ(native[i].item<uint8_t>(), xfuser::backends::fp8_encode(values[i], f))
-          << values[i];
+      ASSERT_EQ(native[i].item<uint8_t>(), xfuser::backends::fp8_encode(values[i], f)) << values[i];
     }
   }
 #else
@@ -202,7 +202,8 @@ TEST(Fp8Weights, ScaledWeightsAndTheFp8GemmFollowTheirDefinition) {
   const at::Tensor amax = w.abs().amax({1}, true);
   EXPECT_TRUE(at::allclose(slot->fp8->scale.narrow(0, 0, 7), amax.narrow(0, 0, 7) / 448.0));
   // Each row's largest weight maps to the format's largest value.
-  const at::Tensor codes = xfuser::backends::from_fp8(slot->fp8->data, Fp8Format::kE4M3FN, at::kFloat);
+  const at::Tensor codes =
+      xfuser::backends::from_fp8(slot->fp8->data, Fp8Format::kE4M3FN, at::kFloat);
   EXPECT_EQ(codes.abs().amax({1}).narrow(0, 0, 7).min().item<float>(), 448.0f);
   EXPECT_EQ(codes[7].abs().max().item<float>(), 0.0f);
   // The GEMM, from its definition in double: x quantized per row, W per output channel.
@@ -232,13 +233,14 @@ TEST(Fp8Weights, ScaledWeightsAndTheFp8GemmFollowTheirDefinition) {
 
 // ---- every family's transformer against diffusers' layerwise casting ---------------------------
 
-const fs::path kCasting = xfuser::testing::fixtures_dir() / "diffusers-v0.42.1" / "layerwise-casting";
+const fs::path kCasting =
+    xfuser::testing::fixtures_dir() / "diffusers-v0.42.1" / "layerwise-casting";
 
 // (pipeline, storage dtype) cases written by tests/fixtures/generate.py's gen_layerwise_casting.
 const std::vector<std::pair<std::string, std::string>> kCases = {
-    {"flux-tiny", "float8_e4m3fn"},      {"flux-tiny", "float8_e5m2"},
-    {"flux2-tiny", "float8_e4m3fn"},     {"sd3-tiny", "float8_e4m3fn"},
-    {"wan-t2v-tiny", "float8_e4m3fn"},   {"wan22-t2v-tiny", "float8_e4m3fn"},
+    {"flux-tiny", "float8_e4m3fn"},          {"flux-tiny", "float8_e5m2"},
+    {"flux2-tiny", "float8_e4m3fn"},         {"sd3-tiny", "float8_e4m3fn"},
+    {"wan-t2v-tiny", "float8_e4m3fn"},       {"wan22-t2v-tiny", "float8_e4m3fn"},
     {"hunyuan-video-tiny", "float8_e4m3fn"}, {"hunyuan_video15-tiny", "float8_e4m3fn"},
 };
 
@@ -306,3 +308,74 @@ TEST(Fp8Gemms, QuantizeTheLinearWeightsInsideTheBlocksOnly) {
 }
 
 }  // namespace
+
+// ---- xfuser-run --------------------------------------------------------------------------------
+
+namespace {
+
+struct RunOutput {
+  int rc = -1;
+  std::string log;
+  at::Tensor image;
+  nlohmann::json report;
+};
+
+RunOutput run_tiny_flux(const fs::path& out, const std::string& flags) {
+  RunOutput r;
+  const std::string bin = (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string();
+  r.rc = xfuser::testing::run_command(
+      bin +
+          " --model tiny-flux --prompt 'a red cat' --height 64 --width 48 --num_inference_steps 3 "
+          "--max_sequence_length 8 --seed 5 --dtype bf16 --output_directory " +
+          out.string() + " " + flags,
+      &r.log);
+  const fs::path png = out / "tiny-flux_u1r1_tc_False_64x48_0.png";
+  if (r.rc == 0 && fs::exists(png)) r.image = xfuser::runner::read_png(png);
+  if (fs::exists(out / "timings_rank0.json")) {
+    std::ifstream in(out / "timings_rank0.json");
+    r.report = nlohmann::json::parse(in);
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST(Fp8Run, FlagsReachTheTransformerAndHalveItsWeights) {
+  setenv("XFUSER_CACHE", (xfuser::testing::binary_dir() / "test-cache").c_str(), 1);
+  xfuser::testing::TempDir tmp("xfuser-fp8-run");
+  const auto base = run_tiny_flux(tmp / "bf16", "");
+  ASSERT_EQ(base.rc, 0) << base.log;
+  ASSERT_TRUE(base.image.defined());
+  const int64_t base_bytes = base.report["memory"]["transformer_parameter_bytes"];
+  EXPECT_EQ(base.report["config"]["transformer_weights"], "as_loaded");
+  for (const auto& [flags, name] : std::vector<std::pair<std::string, std::string>>{
+           {"--use_fp8_gemms", "fp8_gemms:float8_e4m3fn"},
+           {"--fp8_storage float8_e4m3fn", "fp8_storage:float8_e4m3fn"},
+           {"--fp8_storage float8_e5m2", "fp8_storage:float8_e5m2"}}) {
+    SCOPED_TRACE(flags);
+    const auto run = run_tiny_flux(
+        tmp / name.substr(0, name.find(':')) / name.substr(name.find(':') + 1), flags);
+    ASSERT_EQ(run.rc, 0) << run.log;
+    ASSERT_TRUE(run.image.defined());
+    EXPECT_EQ(run.report["config"]["transformer_weights"], name);
+    const int64_t bytes = run.report["memory"]["transformer_parameter_bytes"];
+    // bf16 -> fp8 halves what is converted; embedders, norms and the head stay bf16.
+    EXPECT_LT(bytes, base_bytes * 0.75) << bytes << " of " << base_bytes;
+    const double diff =
+        (run.image.to(at::kDouble) - base.image.to(at::kDouble)).abs().mean().item<double>();
+    std::printf("%s: transformer %lld of %lld bytes, mean pixel change %.2f / 255\n", flags.c_str(),
+                static_cast<long long>(bytes), static_cast<long long>(base_bytes), diff);
+    EXPECT_LT(diff, 12.0);
+  }
+}
+
+TEST(Fp8Run, ConflictingFlagsAreClearErrors) {
+  setenv("XFUSER_CACHE", (xfuser::testing::binary_dir() / "test-cache").c_str(), 1);
+  xfuser::testing::TempDir tmp("xfuser-fp8-bad");
+  const auto both = run_tiny_flux(tmp / "both", "--use_fp8_gemms --fp8_storage float8_e4m3fn");
+  EXPECT_NE(both.rc, 0);
+  EXPECT_NE(both.log.find("--use_fp8_gemms and --fp8_storage"), std::string::npos) << both.log;
+  const auto bad = run_tiny_flux(tmp / "bad", "--fp8_storage fp8");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.log.find("--fp8_storage"), std::string::npos) << bad.log;
+}

@@ -60,8 +60,8 @@ bool WeightFormat::applies(const std::string& name, const ParamSlot& slot) const
       if (slot.layer == LayerKind::kOther) return false;
       break;
     case Kind::kFp8Scaled:
-      if (slot.layer != LayerKind::kLinear || slot.shape.size() != 2 ||
-          name.size() < 6 || name.compare(name.size() - 6, 6, "weight") != 0) {
+      if (slot.layer != LayerKind::kLinear || slot.shape.size() != 2 || name.size() < 6 ||
+          name.compare(name.size() - 6, 6, "weight") != 0) {
         return false;
       }
       break;

@@ -80,7 +80,8 @@ struct WeightFormat {
     kFp8Storage,  // every parameter of the selected Linear / Conv / Embedding layers in fp8,
                   // upcast to the load dtype per use (diffusers' apply_layerwise_casting)
     kFp8Scaled,   // the selected Linear weights in fp8 with per-output-channel float32 scales
-                  // (amax / fp8 max per row); their layers run FP8 GEMMs (models/common/fp8_linear.h)
+                  // (amax / fp8 max per row); their layers run FP8 GEMMs
+                  // (models/common/fp8_linear.h)
   };
   Kind kind = Kind::kAsLoaded;
   backends::Fp8Format format = backends::Fp8Format::kE4M3FN;

@@ -42,6 +42,10 @@ at::Tensor DiTPipeline::initial_noise(const GenerationRequest& request,
   return at::cat(noise, 0).to(options);
 }
 
+int64_t DiTPipeline::transformer_parameter_bytes() const {
+  return transformer_ ? transformer_->parameter_bytes() : 0;
+}
+
 void DiTPipeline::load_transformer(const std::filesystem::path& dir,
                                    const ModelLoadOptions& options,
                                    const std::string& expected_class) {
@@ -54,15 +58,15 @@ void DiTPipeline::load_transformer(const std::filesystem::path& dir,
     const auto whole = describe_dit_transformer(dir.string());
     const auto layers =
         pipefusion_stage_layers(*whole, groups->config().pp(), options.pipefusion_layers);
-    transformer_ = load_dit_transformer(dir.string(), options.dtype, groups.get(),
-                                        pipefusion_stage_part(layers, groups->coords().pp),
-                                        expected_class, options.device,
-                                        options.transformer_weights);
+    transformer_ =
+        load_dit_transformer(dir.string(), options.dtype, groups.get(),
+                             pipefusion_stage_part(layers, groups->coords().pp), expected_class,
+                             options.device, options.transformer_weights);
   } else {
     // Under tensor parallelism each rank reads only its slices of the transformer's weights.
-    transformer_ = load_dit_transformer(dir.string(), options.dtype, groups.get(), DiTPart{},
-                                        expected_class, options.device,
-                                        options.transformer_weights);
+    transformer_ =
+        load_dit_transformer(dir.string(), options.dtype, groups.get(), DiTPart{}, expected_class,
+                             options.device, options.transformer_weights);
   }
 }
 

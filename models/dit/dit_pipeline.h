@@ -34,6 +34,7 @@ class DiTPipeline : public XFuserModel {
   ~DiTPipeline() override;
 
   DiTTransformer& dit_transformer() { return *transformer_; }
+  int64_t transformer_parameter_bytes() const override;
 
   // The initial latents of a request in the family's layout `shape` ([B, ...], B = prompts):
   // request.latents when given (shape checked, cast to `options`), else one CPU generator per

@@ -110,9 +110,7 @@ class HunyuanVideo15Transformer3DModel : public dit::DiTTransformer {
   std::vector<std::string> layerwise_casting_skip_patterns() const override {
     return {"x_embedder", "context_embedder", "norm"};
   }
-  std::vector<std::string> block_list_prefixes() const override {
-    return {"transformer_blocks."};
-  }
+  std::vector<std::string> block_list_prefixes() const override { return {"transformer_blocks."}; }
 
   void check_inputs(const dit::DiTInputs& in) const override;
   // call("forward")'s named tensors as token inputs (patchified, with token ids), checked.

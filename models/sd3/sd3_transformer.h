@@ -55,9 +55,7 @@ class SD3Transformer2DModel : public dit::DiTTransformer {
   std::vector<std::string> layerwise_casting_skip_patterns() const override {
     return {"pos_embed", "norm"};
   }
-  std::vector<std::string> block_list_prefixes() const override {
-    return {"transformer_blocks."};
-  }
+  std::vector<std::string> block_list_prefixes() const override { return {"transformer_blocks."}; }
 
   void check_inputs(const dit::DiTInputs& in) const override;
   // call("forward")'s named tensors as token inputs (patchified, with token ids), checked: the

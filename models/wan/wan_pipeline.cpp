@@ -128,6 +128,12 @@ WanFolder read_wan_folder(const fs::path& dir) {
 
 }  // namespace
 
+int64_t WanModel::transformer_parameter_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& expert : experts_) bytes += expert.first->parameter_bytes();
+  return bytes;
+}
+
 void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& options) {
   register_builtin_components();
   dtype_ = options.dtype;

@@ -56,6 +56,7 @@ class WanModel : public dit::DiTPipeline {
  public:
   explicit WanModel(const ModelSpec& spec);
   ~WanModel() override;
+  int64_t transformer_parameter_bytes() const override;  // both experts of Wan 2.2 A14B
 
   WanTransformer3DModel& transformer() { return *wan_transformer_; }
   // 2 ** sum(temperal_downsample) and 2 ** len(temperal_downsample) (after load).

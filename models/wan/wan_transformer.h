@@ -70,12 +70,17 @@ class WanTransformer3DModel : public dit::DiTTransformer {
   std::vector<int64_t> other_parameters() const override;
   c10::ScalarType dtype() const override;
   std::vector<std::string> layerwise_casting_skip_patterns() const override {
-    return {"patch_embedding", "condition_embedder", "norm", "rope", "time_embedder",
-            "scale_shift_table", "norm1", "norm2", "norm3"};
+    return {"patch_embedding",
+            "condition_embedder",
+            "norm",
+            "rope",
+            "time_embedder",
+            "scale_shift_table",
+            "norm1",
+            "norm2",
+            "norm3"};
   }
-  std::vector<std::string> block_list_prefixes() const override {
-    return {"blocks."};
-  }
+  std::vector<std::string> block_list_prefixes() const override { return {"blocks."}; }
 
   void check_inputs(const dit::DiTInputs& in) const override;
   // call("forward")'s named tensors as token inputs (patchified, with token ids), checked.
