@@ -16,6 +16,7 @@
 #include "backends/fp8.h"
 #include "models/common/layers.h"
 #include "models/dit/dit_parallel.h"
+#include "models/weights/safetensors.h"
 #include "runner/outputs.h"
 #include "test_util.h"
 
@@ -378,4 +379,82 @@ TEST(Fp8Run, ConflictingFlagsAreClearErrors) {
   const auto bad = run_tiny_flux(tmp / "bad", "--fp8_storage fp8");
   EXPECT_NE(bad.rc, 0);
   EXPECT_NE(bad.log.find("--fp8_storage"), std::string::npos) << bad.log;
+}
+
+// ---- pre-quantized checkpoints -----------------------------------------------------------------
+
+namespace {
+
+// pipelines/flux-tiny with the fp8r transformer (gen_bfl_fp8r) laid over it, under `into`.
+fs::path fp8r_flux(const fs::path& into) {
+  const fs::path fixture = kCasting.parent_path() / "bfl-fp8r" / "flux-tiny" / "transformer";
+  const fs::path folder = into / "flux-tiny";
+  fs::copy(xfuser::testing::fixtures_dir() / "pipelines" / "flux-tiny", folder,
+           fs::copy_options::recursive);
+  fs::remove_all(folder / "transformer");
+  fs::copy(fixture, folder / "transformer", fs::copy_options::recursive);
+  return folder;
+}
+
+}  // namespace
+
+TEST(Fp8Checkpoint, PerRowScaledWeightsEqualDiffusersBflFp8r) {
+  const fs::path refs = kCasting.parent_path() / "bfl-fp8r" / "flux-tiny.ref";
+  XF_REQUIRE_FIXTURE(refs);
+  xfuser::testing::TempDir tmp("xfuser-fp8r");
+  const fs::path folder = fp8r_flux(tmp.path());
+  // As loaded: weight * weight_scale per row, the model diffusers' BFLFP8RLinear runs on the CPU.
+  xfuser::testing::check_pipeline("flux-tiny", folder, c10::Device(c10::kCPU), refs);
+}
+
+TEST(Fp8Checkpoint, Fp8GemmsKeepTheStoredCodesAndScales) {
+  xfuser::testing::TempDir tmp("xfuser-fp8r");
+  const fs::path dir = fp8r_flux(tmp.path()) / "transformer";
+  WeightFormat scaled;
+  scaled.kind = WeightFormat::Kind::kFp8Scaled;
+  auto model = xfuser::models::dit::load_dit_transformer(dir.string(), at::kBFloat16, nullptr, {},
+                                                         "", c10::Device(c10::kCPU), scaled);
+  const xfuser::models::SafetensorsFile file(
+      (dir / "diffusion_pytorch_model.safetensors").string());
+  int kept = 0;
+  for (const auto& [name, slot] : model->named_parameters()) {
+    if (!file.contains(name + "_scale")) continue;
+    ASSERT_TRUE(slot->fp8.has_value()) << name;
+    EXPECT_TRUE(
+        at::equal(xfuser::backends::from_fp8(slot->fp8->data, Fp8Format::kE4M3FN, at::kFloat),
+                  file.get(name).to(at::kFloat)))
+        << name;
+    EXPECT_TRUE(at::equal(slot->fp8->scale.flatten(), file.get(name + "_scale").to(at::kFloat)))
+        << name;
+    EXPECT_EQ(slot->fp8->dtype, at::kBFloat16);
+    ++kept;
+  }
+  EXPECT_EQ(kept, 20);
+}
+
+TEST(Fp8Checkpoint, OtherQuantizationMethodsAndBadScalesAreClearErrors) {
+  xfuser::testing::TempDir tmp("xfuser-fp8r");
+  const fs::path dir = fp8r_flux(tmp.path()) / "transformer";
+  const fs::path config = dir / "config.json";
+  std::ifstream in(config);
+  auto c = nlohmann::json::parse(in);
+  in.close();
+  c["quantization_config"] = {{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}};
+  std::ofstream(config) << c.dump();
+  xfuser::testing::expect_error_containing(
+      [&] { xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, nullptr); },
+      {"config.json", "quantization_config.quant_method 'bitsandbytes'", "not supported"});
+  // A scale beside a weight that is not fp8: the error names both tensors.
+  c["quantization_config"] = {{"quant_method", "bfl"}};
+  std::ofstream(config) << c.dump();
+  const std::string weights = (dir / "diffusion_pytorch_model.safetensors").string();
+  std::map<std::string, at::Tensor> tensors;
+  {
+    const xfuser::models::SafetensorsFile file(weights);
+    for (const auto& name : file.names()) tensors[name] = file.get(name).to(at::kFloat).clone();
+  }
+  xfuser::models::save_safetensors(weights, tensors);
+  xfuser::testing::expect_error_containing(
+      [&] { xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, nullptr); },
+      {"transformer_blocks.0.attn.to_q.weight", "F8_E4M3", "weight_scale", "F32"});
 }

@@ -156,6 +156,39 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
   auto params = named_parameters();
   std::vector<std::string> missing, mismatched, unexpected, wrong_dtype;
   std::set<std::string> claimed;
+  // Linear weights stored in fp8 with per-row scales (`<layer>.weight_scale`, float32, [out],
+  // [out, 1] or one per-tensor value; an `input_scale` beside it is read by static-activation
+  // recipes and not used here: FP8 GEMMs scale activations per token).
+  std::set<std::string> scaled;
+  for (auto& [name, slot] : params) {
+    const std::string full = prefix + name;
+    const std::string scale_name = full + "_scale";
+    if (slot->layer != LayerKind::kLinear || !source.contains(scale_name) ||
+        !source.contains(full)) {
+      continue;
+    }
+    const auto w = source.info(full);
+    const auto s = source.info(scale_name);
+    const int64_t rows = w.shape.empty() ? 0 : w.shape[0];
+    const bool per_row =
+        s.shape == std::vector<int64_t>{rows} || s.shape == std::vector<int64_t>{rows, 1};
+    const bool per_tensor = s.shape.empty() || s.shape == std::vector<int64_t>{1};
+    if (w.dtype_name != "F8_E4M3" || w.shape.size() != 2 || !(per_row || per_tensor) ||
+        !at::isFloatingType(s.dtype)) {
+      wrong_dtype.push_back(full +
+                            ": a scaled fp8 weight needs an F8_E4M3 [out, in] weight and a "
+                            "float " +
+                            scale_name + " of [out], [out, 1] or one value; got " + w.dtype_name +
+                            " " + shape_string(w.shape) + " and " + s.dtype_name + " " +
+                            shape_string(s.shape));
+      continue;
+    }
+    scaled.insert(full);
+    claimed.insert(scale_name);
+    if (source.contains(full.substr(0, full.size() - 6) + "input_scale")) {
+      claimed.insert(full.substr(0, full.size() - 6) + "input_scale");
+    }
+  }
   for (auto& [name, slot] : params) {
     const std::string full = prefix + name;
     claimed.insert(full);
@@ -224,7 +257,26 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
       if (!t.is_contiguous()) t = t.contiguous();
     }
     slot->fp8.reset();
-    slot->tensor = uploader.upload(t, slot->dtype.value_or(dtype));
+    const auto load_dtype = slot->dtype.value_or(dtype);
+    if (scaled.count(prefix + name)) {
+      // Scales per row of this rank's rows (a column-parallel part takes its rows' scales).
+      at::Tensor scale = source.get(prefix + name + "_scale").to(at::kFloat).reshape({-1, 1});
+      scale = scale.size(0) == 1 ? scale.expand({slot->stored_shape()[0], 1}).contiguous() : scale;
+      if (slot->shard && slot->shard->dim == 0) scale = take_part(scale, *slot->shard).contiguous();
+      const auto& wf = options.weight_format;
+      if (wf.kind == WeightFormat::Kind::kFp8Scaled && wf.format == backends::Fp8Format::kE4M3FN &&
+          wf.applies(name, *slot)) {
+        // Kept as stored: the checkpoint's own codes and scales, no second rounding.
+        Fp8Weight w;
+        w.data = backends::to_fp8(uploader.upload(t, t.scalar_type()), wf.format);
+        w.scale = uploader.upload(scale, at::kFloat);
+        w.dtype = load_dtype;
+        slot->fp8 = std::move(w);
+        continue;
+      }
+      t = t.to(at::kFloat) * scale;  // dequantized, then held as the format says
+    }
+    slot->tensor = uploader.upload(t, load_dtype);
     if (options.weight_format.applies(name, *slot)) options.weight_format.apply(*slot);
   }
   uploader.finish();

@@ -139,6 +139,19 @@ ComponentFolder open_component_folder(const std::string& dir, const std::string&
              ": no class name (neither diffusers' \"_class_name\" nor transformers' "
              "\"architectures\")");
   }
+  // Quantized checkpoints: one layout is understood (module.h, Module::load): Linear weights in
+  // float8_e4m3fn with float32 per-row scales `weight_scale` (Black Forest Labs' fp8r, as
+  // diffusers' BFLQuantizationConfig reads it). Any other method changes the math in a way xfuser
+  // would not reproduce: refused by name.
+  if (auto q = config.find("quantization_config"); q != config.end() && !q->is_null()) {
+    const std::string method =
+        q->is_object() && q->contains("quant_method") && (*q)["quant_method"].is_string()
+            ? (*q)["quant_method"].get<std::string>()
+            : q->dump();
+    XF_CHECK(method == "bfl", folder.config_path, ": quantization_config.quant_method '", method,
+             "' is not supported; xfuser reads fp8 checkpoints with per-row weight_scale tensors "
+             "('bfl', fp8r) and quantizes at load with --use_fp8_gemms / --fp8_storage");
+  }
   folder.weights = open_checkpoint(dir, variant);
   return folder;
 }
