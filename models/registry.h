@@ -60,12 +60,15 @@ struct RunLayout {
   double guidance_scale = 0.0;  // the run's --guidance_scale (model default applied)
   bool enable_tiling = false;
   int bytes_per_element = 4;  // the compute dtype's
+  // Bytes per transformer parameter: the compute dtype's, or 1 with fp8 weights (--use_fp8_gemms,
+  // --fp8_storage: the layers they convert hold nearly all of a full-size transformer).
+  int transformer_bytes_per_element = 4;
   int threads = 1;
 };
 
 // What a run needs on one rank, estimated from the configs and the weight headers.
 struct MemoryEstimate {
-  uint64_t weights = 0;      // parameters in the compute dtype
+  uint64_t weights = 0;      // parameters (the compute dtype; fp8 transformer weights: 1 byte)
   uint64_t activations = 0;  // transformer and VAE activations
   uint64_t attention = 0;    // attention scratch (scores per query block and thread)
   uint64_t total() const { return weights + activations + attention; }

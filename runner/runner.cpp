@@ -636,6 +636,9 @@ models::RunLayout run_layout(const ResolvedArgs& args) {
   l.guidance_scale = args.request.guidance_scale;
   l.enable_tiling = c.enable_tiling;
   l.bytes_per_element = static_cast<int>(c10::elementSize(args.dtype));
+  l.transformer_bytes_per_element =
+      args.transformer_weights.kind == models::WeightFormat::Kind::kAsLoaded ? l.bytes_per_element
+                                                                             : 1;
   l.threads = at::get_num_threads();
   return l;
 }

@@ -16,9 +16,12 @@
 #include "backends/fp8.h"
 #include "models/common/layers.h"
 #include "models/dit/dit_parallel.h"
+#include "models/registry.h"
 #include "models/weights/safetensors.h"
+#include "models/xfuser_model.h"
 #include "runner/outputs.h"
 #include "test_util.h"
+#include "tests/checked_device.h"
 
 namespace {
 
@@ -457,4 +460,39 @@ TEST(Fp8Checkpoint, OtherQuantizationMethodsAndBadScalesAreClearErrors) {
   xfuser::testing::expect_error_containing(
       [&] { xfuser::models::dit::load_dit_transformer(dir.string(), at::kFloat, nullptr); },
       {"transformer_blocks.0.attn.to_q.weight", "F8_E4M3", "weight_scale", "F32"});
+}
+
+// ---- under a GPU's device rules ----------------------------------------------------------------
+
+TEST(Fp8Device, BothFormatsRunOnTheCheckedDevice) {
+  if (!xfuser::testing::checked_device_available()) {
+    GTEST_SKIP() << "the checked device needs libtorch >= 2.4";
+  }
+  // fp8 storage against diffusers' layerwise casting, every tensor on the device.
+  xfuser::testing::TempDir tmp("xfuser-fp8-dev");
+  const fs::path folder = xfuser::testing::resaved_pipeline("flux-tiny", "0.42.1", tmp.path());
+  xfuser::testing::check_pipeline("flux-tiny", folder, xfuser::testing::checked_device(),
+                                  kCasting / "flux-tiny-float8_e4m3fn",
+                                  storage_format("float8_e4m3fn"));
+  // FP8 GEMMs: the same final latents as on the CPU.
+  const auto& spec = xfuser::models::ModelRegistry::for_pipeline_folder(folder);
+  xfuser::models::GenerationRequest r;
+  r.prompts = {"a red cat"};
+  r.seeds = {3};
+  r.height = 32;
+  r.width = 32;
+  r.num_inference_steps = 2;
+  r.guidance_scale = 3.5;
+  r.max_sequence_length = 8;
+  at::Tensor latents[2];
+  int i = 0;
+  for (const c10::Device device : {c10::Device(c10::kCPU), xfuser::testing::checked_device()}) {
+    auto model = spec.create(spec);
+    xfuser::models::ModelLoadOptions options;
+    options.device = device;
+    options.transformer_weights.kind = WeightFormat::Kind::kFp8Scaled;
+    model->load(folder, options);
+    latents[i++] = model->generate(r).latents.cpu();
+  }
+  EXPECT_LE(xfuser::testing::max_rel_error(latents[1], latents[0]), 1e-6);
 }

@@ -72,9 +72,12 @@ MemoryEstimate check_dit_run(const fs::path& dir, const RunLayout& run, const Di
   // stages.
   const uint64_t bytes = static_cast<uint64_t>(run.bytes_per_element);
   MemoryEstimate m;
-  uint64_t params = parameter_count(dir / "transformer") / (run.tensor * run.pipefusion);
+  const uint64_t transformer_params =
+      parameter_count(dir / "transformer") / (run.tensor * run.pipefusion);
+  uint64_t params = 0;
   for (const auto& part : t.components) params += parameter_count(dir / part);
-  m.weights = params * bytes;
+  m.weights = params * bytes +
+              transformer_params * static_cast<uint64_t>(run.transformer_bytes_per_element);
   // Transformer activations: the hidden states of the rank's tokens (sequence parallel splits
   // them, CFG without CFG parallel doubles the batch) times ~16 live [B, S, D]-sized tensors in a
   // block (residual, norms, q/k/v, attention output, the 4x MLP).
