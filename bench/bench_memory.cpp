@@ -7,8 +7,10 @@
 //       weights of bench_flux's config) and exits; run it once, in its own process, so no rank
 //       of the measured runs ever held the whole model for writing.
 //   [mpirun -np N] bench_memory --weights DIR [--strategy none|tp] [--dtype bf16|fp32]
+//                               [--format as_loaded|fp8_storage|fp8_gemms]
 //                               [--forward 0|1] [--threads T] [--out FILE]
 //       none: one rank loads everything (the baseline; N must be 1);
+//       --format: the weights as loaded, or in fp8 (docs/fp8.md), on one rank or split;
 //       tp:   tensor parallel over the N ranks: each reads only its slices from the mmapped file.
 //       (pp: PipeFusion stages, added with PipeFusion.)
 // Rank 0 writes the JSON (stdout without --out). bench/run_memory runs the whole comparison.
@@ -116,8 +118,8 @@ FluxInputs make_inputs(const FluxConfig& c, int64_t grid, int64_t text, c10::Sca
 int main(int argc, char** argv) {
   try {
     xb::Args args(argc, argv, {});
-    args.check_known(
-        {"write-weights", "weights", "config", "dtype", "strategy", "forward", "threads", "out"});
+    args.check_known({"write-weights", "weights", "config", "dtype", "strategy", "format",
+                      "forward", "threads", "out"});
     const auto dtype = xb::parse_dtype(args.get("dtype", "bf16"));
     if (args.has("write-weights")) {
       write_weights(args.get("write-weights", ""), find_size(args.get("config", "medium")), dtype);
@@ -155,11 +157,20 @@ int main(int argc, char** argv) {
       config = nlohmann::json::parse(in);
     }
     const double t0 = xb::now_seconds();
-    auto model = xfuser::models::flux::load_flux_transformer(dir.string(), dtype, groups.get());
+    const std::string format = args.get("format", "as_loaded");
+    xfuser::models::WeightFormat weights;
+    if (format == "fp8_storage") {
+      weights.kind = xfuser::models::WeightFormat::Kind::kFp8Storage;
+    } else if (format == "fp8_gemms") {
+      weights.kind = xfuser::models::WeightFormat::Kind::kFp8Scaled;
+    } else {
+      XF_CHECK(format == "as_loaded", "--format: unknown format '", format,
+               "' (as_loaded, fp8_storage, fp8_gemms)");
+    }
+    auto model =
+        xfuser::models::flux::load_flux_transformer(dir.string(), dtype, groups.get(), weights);
     const double load_seconds = xb::now_seconds() - t0;
-    int64_t weight_bytes = 0;
-    for (const auto& [name, slot] : model->named_parameters())
-      weight_bytes += slot->tensor.nbytes();
+    const int64_t weight_bytes = model->parameter_bytes();
     const int64_t rss_after_load = peak_rss_bytes();
 
     double forward_seconds = 0;
@@ -197,6 +208,7 @@ int main(int argc, char** argv) {
       }
       nlohmann::json out = {{"benchmark", "parallel_memory"},
                             {"strategy", strategy},
+                            {"format", format},
                             {"ranks_count", mpi.size()},
                             {"dtype", xb::dtype_name(dtype)},
                             {"config", config.value("bench_config", std::string("?"))},

@@ -1,6 +1,9 @@
 #include "models/common/module.h"
 
 #include <algorithm>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <set>
 #include <sstream>
 
@@ -238,6 +241,7 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
     XF_THROW(os.str());
   }
   backends::DeviceUploader uploader(options.device);
+  int converted = 0;
   for (auto& [name, slot] : params) {
     at::Tensor t;
     if (!slot->shard) {
@@ -277,9 +281,20 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
       t = t.to(at::kFloat) * scale;  // dequantized, then held as the format says
     }
     slot->tensor = uploader.upload(t, load_dtype);
-    if (options.weight_format.applies(name, *slot)) options.weight_format.apply(*slot);
+    if (options.weight_format.applies(name, *slot)) {
+      options.weight_format.apply(*slot);
+      // The fp8 values are a copy: the file's pages of the tensor are no longer needed.
+      t = at::Tensor();
+      source.release(prefix + name);
+      ++converted;
+    }
   }
   uploader.finish();
+#ifdef __GLIBC__
+  // Converting held one float32 copy of a tensor at a time; return those blocks to the system
+  // rather than keep them in malloc's free lists.
+  if (converted > 0) ::malloc_trim(0);
+#endif
 }
 
 void Module::init_random(uint64_t seed, double std, c10::ScalarType dtype) {

@@ -5,10 +5,12 @@
 
 namespace xfuser::models::flux {
 
-std::shared_ptr<FluxTransformer2DModel> load_flux_transformer(
-    const std::string& dir, c10::ScalarType dtype, const parallel::ProcessGroups* groups) {
-  auto model = std::dynamic_pointer_cast<FluxTransformer2DModel>(
-      dit::load_dit_transformer(dir, dtype, groups, {}, "FluxTransformer2DModel"));
+std::shared_ptr<FluxTransformer2DModel> load_flux_transformer(const std::string& dir,
+                                                              c10::ScalarType dtype,
+                                                              const parallel::ProcessGroups* groups,
+                                                              const WeightFormat& weights) {
+  auto model = std::dynamic_pointer_cast<FluxTransformer2DModel>(dit::load_dit_transformer(
+      dir, dtype, groups, {}, "FluxTransformer2DModel", c10::Device(c10::kCPU), weights));
   XF_CHECK(model != nullptr, dir, ": the FluxTransformer2DModel factory built another class");
   return model;
 }

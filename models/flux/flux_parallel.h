@@ -27,8 +27,11 @@ using dit::tensor_parallel_ops;
 // dit::load_dit_transformer for a FluxTransformer2DModel folder: with `groups` of
 // tensor-parallel degree n > 1 the model is built for tp rank r (reading only its slices of the
 // weights) and its tensor-parallel ops are wired to groups->tp(); `groups` must outlive it.
-std::shared_ptr<FluxTransformer2DModel> load_flux_transformer(
-    const std::string& dir, c10::ScalarType dtype, const parallel::ProcessGroups* groups);
+// `weights`: how the weights are held (fp8 storage or FP8 GEMMs; docs/fp8.md).
+std::shared_ptr<FluxTransformer2DModel> load_flux_transformer(const std::string& dir,
+                                                              c10::ScalarType dtype,
+                                                              const parallel::ProcessGroups* groups,
+                                                              const WeightFormat& weights = {});
 
 // dit::sequence_parallel_forward on FLUX's inputs: every rank returns the same [B, N, C] as
 // model.forward(in).

@@ -101,6 +101,8 @@ at::Tensor ShardedCheckpoint::get(const std::string& name) const {
   return shard_of(name).get(name);
 }
 
+void ShardedCheckpoint::release(const std::string& name) const { shard_of(name).release(name); }
+
 at::Tensor ShardedCheckpoint::get_slice(const std::string& name, int64_t dim, int64_t start,
                                         int64_t length) const {
   return shard_of(name).get_slice(name, dim, start, length);

@@ -23,6 +23,7 @@ class ShardedCheckpoint : public TensorSource {
   bool contains(const std::string& name) const override { return by_name_.count(name) > 0; }
   TensorInfo info(const std::string& name) const override;
   at::Tensor get(const std::string& name) const override;
+  void release(const std::string& name) const override;
   at::Tensor get_slice(const std::string& name, int64_t dim, int64_t start,
                        int64_t length) const override;
   std::string describe() const override { return index_path_; }

@@ -320,6 +320,17 @@ at::Tensor SafetensorsFile::get(const std::string& name) const {
   return make_tensor(e, mapping_->bytes() + data_start_ + e.begin, e.shape);
 }
 
+void SafetensorsFile::release(const std::string& name) const {
+  const Entry& e = entry(name);
+  // Only pages wholly inside the tensor: its neighbours' views stay untouched.
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t first = (data_start_ + e.begin + page - 1) / page * page;
+  const uint64_t last = (data_start_ + e.end) / page * page;
+  if (last > first) {
+    ::madvise(const_cast<uint8_t*>(mapping_->bytes()) + first, last - first, MADV_DONTNEED);
+  }
+}
+
 at::Tensor SafetensorsFile::get_slice(const std::string& name, int64_t dim, int64_t start,
                                       int64_t length) const {
   const Entry& e = entry(name);
@@ -335,12 +346,7 @@ at::Tensor SafetensorsFile::get_slice(const std::string& name, int64_t dim, int6
     // (clean private pages: re-read from the file if touched again), so a rank that keeps only a
     // column slice (tensor parallelism) does not keep the whole tensor resident.
     at::Tensor out = get(name).narrow(d, start, length).clone(at::MemoryFormat::Contiguous);
-    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    const uint64_t first = (data_start_ + e.begin + page - 1) / page * page;
-    const uint64_t last = (data_start_ + e.end) / page * page;
-    if (last > first) {
-      ::madvise(const_cast<uint8_t*>(mapping_->bytes()) + first, last - first, MADV_DONTNEED);
-    }
+    release(name);
     return out;
   }
   const int64_t row_bytes = numel_of(e.shape, 1) * kDtypes[e.dtype_index].size;

@@ -50,6 +50,8 @@ class SafetensorsFile : public TensorSource {
   at::Tensor get_slice(const std::string& name, int64_t dim, int64_t start,
                        int64_t length) const override;
   std::string describe() const override { return path_; }
+  // Drops the tensor's whole pages of the mapping (MADV_DONTNEED on clean private pages).
+  void release(const std::string& name) const override;
 
   const std::string& path() const { return path_; }
   // The header's "__metadata__" (empty when absent).

@@ -37,6 +37,10 @@ class TensorSource {
                                int64_t length) const;
   // Where the tensors come from, for error messages (a file or folder path).
   virtual std::string describe() const = 0;
+  // A hint that no view of `name` is in use any more (its data was copied, e.g. converted to
+  // fp8): a memory-mapped file drops the tensor's pages from memory (re-read from the file if
+  // touched again). The default does nothing.
+  virtual void release(const std::string& name) const {}
 };
 
 // An in-memory source (tests, tools, converted checkpoints).
@@ -70,6 +74,7 @@ class InsertedPrefixSource : public TensorSource {
   at::Tensor get_slice(const std::string& name, int64_t dim, int64_t start,
                        int64_t length) const override;
   std::string describe() const override { return base_.describe(); }
+  void release(const std::string& name) const override { base_.release(to_base(name, true)); }
 
  private:
   // The base name of a view name; a name under `at` without `inserted` has none (an empty
