@@ -89,6 +89,26 @@ std::vector<float> probe_values() {
   return out;
 }
 
+// Beyond the format's range: above the tie between the largest value and the overflow value
+// (464 for e4m3fn, 61440 for e5m2), and infinities and NaN.
+bool overflows(float x, Fp8Format format) {
+  const double a = std::fabs(static_cast<double>(x));
+  if (!std::isfinite(x)) return true;
+  return format == Fp8Format::kE4M3FN ? a > 464.0 : a >= 61440.0;
+}
+
+// What a libtorch may give there: PyTorch's scalar rule (NaN for e4m3fn, infinity for e5m2, as
+// libtorch 2.11 does) or saturation to the largest finite value of the same sign (libtorch 2.15's
+// CPU kernel gives 448 for 466); NaN stays NaN.
+bool native_overflow_ok(float x, float got, Fp8Format format) {
+  if (std::isnan(x)) return std::isnan(got);
+  const float max = static_cast<float>(xfuser::backends::fp8_max(format));
+  const bool overflow = format == Fp8Format::kE4M3FN
+                            ? std::isnan(got)
+                            : std::isinf(got) && std::signbit(got) == std::signbit(x);
+  return overflow || got == (std::signbit(x) ? -max : max);
+}
+
 TEST(Fp8Codec, EncodeMatchesTheRoundingOracle) {
   const auto values = probe_values();
   for (Fp8Format f : {Fp8Format::kE4M3FN, Fp8Format::kE5M2}) {
@@ -133,6 +153,7 @@ TEST(Fp8Codec, TensorsRoundTripOnEveryLibtorch) {
     for (int64_t i = 0; i < x.numel(); ++i) {
       const float want = xfuser::backends::fp8_decode(oracle(values[i], f), f);
       const float got = back[i].item<float>();
+      if (overflows(values[i], f) && native_overflow_ok(values[i], got, f)) continue;
       if (!(got == want || (std::isnan(got) && std::isnan(want)))) {
         ADD_FAILURE() << xfuser::backends::fp8_format_name(f) << " of " << values[i] << ": got "
                       << got << ", want " << want;
@@ -145,12 +166,19 @@ TEST(Fp8Codec, TensorsRoundTripOnEveryLibtorch) {
     EXPECT_EQ(b.scalar_type(), at::kBFloat16);
   }
 #if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 1)
-  // libtorch's own conversion agrees bit for bit with the scalar codec.
+  // libtorch's own conversion agrees bit for bit with the scalar codec within the format's range;
+  // beyond it libtorch versions differ (overflow, or saturation to the largest value).
   EXPECT_TRUE(xfuser::backends::native_fp8());
   for (Fp8Format f : {Fp8Format::kE4M3FN, Fp8Format::kE5M2}) {
     const at::Tensor native = xfuser::backends::to_fp8(x, f).view(at::kByte);
     for (int64_t i = 0; i < x.numel(); ++i) {
-      ASSERT_EQ(native[i].item<uint8_t>(), xfuser::backends::fp8_encode(values[i], f)) << values[i];
+      const uint8_t code = native[i].item<uint8_t>();
+      if (overflows(values[i], f)) {
+        EXPECT_TRUE(native_overflow_ok(values[i], xfuser::backends::fp8_decode(code, f), f))
+            << values[i] << " -> 0x" << std::hex << int(code);
+        continue;
+      }
+      ASSERT_EQ(code, xfuser::backends::fp8_encode(values[i], f)) << values[i];
     }
   }
 #else
