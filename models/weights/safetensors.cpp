@@ -298,10 +298,9 @@ at::Tensor SafetensorsFile::make_tensor(const Entry& e, const uint8_t* data,
   if (kDecodeFp8 && spec.fp8 != Fp8::kNone) {
     const auto format =
         spec.fp8 == Fp8::kE4M3 ? backends::Fp8Format::kE4M3FN : backends::Fp8Format::kE5M2;
-    at::Tensor out = at::empty(shape, options);
-    float* dst = out.data_ptr<float>();
-    for (int64_t i = 0; i < numel; ++i) dst[i] = backends::fp8_decode(data[i], format);
-    return out;
+    // Decoded into a new tensor: the bits are only read.
+    const at::Tensor bits = at::from_blob(const_cast<uint8_t*>(data), shape, at::kByte);
+    return backends::from_fp8(bits, format, at::kFloat);
   }
   // Empty tensors own no bytes; unaligned data (legal: offsets are arbitrary) is copied.
   if (numel == 0 || reinterpret_cast<uintptr_t>(data) % static_cast<uintptr_t>(spec.size) != 0) {
