@@ -15,8 +15,10 @@
 #include "backends/backend.h"
 #include "backends/device.h"
 #include "backends/error.h"
+#include "models/common/component.h"
 #include "models/common/kernels.h"
 #include "models/registry.h"
+#include "models/weights/component_folder.h"
 #include "profiling/trace.h"
 
 namespace xfuser::models {
@@ -77,6 +79,11 @@ XFuserModel::~XFuserModel() = default;
 void XFuserModel::load(const std::filesystem::path& pipeline_dir, const ModelLoadOptions& options) {
   XF_CONTEXT("loading ", spec_.id, " from ", pipeline_dir.string());
   c10::InferenceMode guard;
+  offloader_.reset();
+  load_options_ = options;
+  if (options.offload != OffloadMode::kNone) {
+    offloader_ = std::make_unique<Offloader>(options.offload, options.device);
+  }
   load_components(pipeline_dir, options);
   load_options_ = options;
   // The overridable ops, through the backend contract (compile -> override -> eager).
@@ -100,6 +107,18 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
       request.prompts.size(), " prompts (give none, or one per prompt)");
   c10::InferenceMode guard;
   KernelScope kernel_scope(kernels_.get());
+  // Under CPU offload every component leaves the device at the end, also of a failed
+  // generation (diffusers' maybe_free_model_hooks).
+  struct OffloadAll {
+    Offloader* offloader;
+    ~OffloadAll() {
+      try {
+        if (offloader) offloader->offload_all();
+      } catch (const std::exception&) {
+        // A failure here follows the generation's own error, which is the one to report.
+      }
+    }
+  } offload_all{offloader_.get()};
   XF_SPAN("stage", "generate");
   GenerationOutput out;
   const c10::Device device = load_options_.device;
@@ -141,6 +160,19 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
   out.initial_latents = state->initial_latents;
   out.total_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return out;
+}
+
+void XFuserModel::register_component(const std::string& name, std::shared_ptr<Module> component,
+                                     const std::vector<std::string>& block_prefixes) {
+  if (offloader_) offloader_->add_component(name, std::move(component), block_prefixes);
+}
+
+std::shared_ptr<Component> XFuserModel::load_pipeline_component(
+    const std::filesystem::path& pipeline_dir, const std::string& name, c10::ScalarType dtype) {
+  auto component =
+      load_component((pipeline_dir / name).string(), dtype, load_options_.weights_device());
+  register_component(name, component);
+  return component;
 }
 
 }  // namespace xfuser::models

@@ -27,6 +27,7 @@
 
 #include "backends/backend.h"
 #include "models/common/module.h"
+#include "models/common/offload.h"
 
 namespace xfuser::parallel {
 class ProcessGroups;
@@ -36,6 +37,7 @@ namespace xfuser::models {
 
 struct ModelSpec;
 struct KernelTable;
+class Component;
 
 // Fully resolved inputs of one generation (model defaults already applied).
 struct GenerationRequest {
@@ -104,6 +106,14 @@ struct ModelLoadOptions {
   // with per-channel scales and FP8 GEMMs (--use_fp8_gemms). Only kind and format are read; the
   // model selects its parameters (dit::dit_weight_format).
   WeightFormat transformer_weights;
+  // --enable_model_cpu_offload / --enable_sequential_cpu_offload (models/common/offload.h): the
+  // weights load into host memory and `device` computes, each component (sequential: each
+  // transformer block) copied there while it is used.
+  OffloadMode offload = OffloadMode::kNone;
+  // Where the weights are read to: the host under offload, else `device`.
+  c10::Device weights_device() const {
+    return offload == OffloadMode::kNone ? device : c10::Device(c10::kCPU);
+  }
 };
 
 class XFuserModel {
@@ -122,6 +132,8 @@ class XFuserModel {
   // count their values and scales); 0 for a model without one.
   virtual int64_t transformer_parameter_bytes() const { return 0; }
   const ModelLoadOptions& load_options() const { return load_options_; }
+  // The offloader of a run with CPU offload (null without).
+  const Offloader* offloader() const { return offloader_.get(); }
   // What load() chose for every overridable op and why (compile -> override -> eager).
   const std::vector<backends::BackendTimelineEntry>& backend_timeline() const {
     return backend_timeline_;
@@ -162,6 +174,19 @@ class XFuserModel {
   virtual void denoise_step(State& state, int index) = 0;
   virtual void decode(State& state) = 0;
 
+  // Every component a model loads is registered here (load_pipeline_component does it), under
+  // its folder name ("text_encoder", "transformer_2"), so that whatever the pipeline does with
+  // its weights (CPU offload) is done once for all families. `block_prefixes`: the block lists
+  // of a transformer ("transformer_blocks.", ...), streamed one block at a time under
+  // sequential offload.
+  void register_component(const std::string& name, std::shared_ptr<Module> component,
+                          const std::vector<std::string>& block_prefixes = {});
+  // load_component(pipeline_dir / name) in `dtype` onto the load options' weights device, and
+  // registered.
+  std::shared_ptr<Component> load_pipeline_component(const std::filesystem::path& pipeline_dir,
+                                                     const std::string& name,
+                                                     c10::ScalarType dtype);
+
  private:
   const ModelSpec& spec_;
   bool loaded_ = false;
@@ -169,6 +194,7 @@ class XFuserModel {
   std::function<void(int, int)> step_callback_;
   std::shared_ptr<parallel::ProcessGroups> groups_;
   std::unique_ptr<KernelTable> kernels_;
+  std::unique_ptr<Offloader> offloader_;
   std::vector<backends::BackendTimelineEntry> backend_timeline_;
 };
 

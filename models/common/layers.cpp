@@ -58,6 +58,7 @@ at::Tensor activate(const at::Tensor& x, Activation act) {
 
 at::Tensor linear(const at::Tensor& x, const ParamSlot& weight, const ParamSlot* bias) {
   const at::Tensor b = bias ? bias->value() : at::Tensor();
+  weight.ensure_resident();
   if (weight.fp8 && weight.fp8->scale.defined()) {
     return backends::fp8_linear(x, weight.fp8->data, weight.fp8->scale, b, weight.fp8->format,
                                 x.scalar_type());
@@ -102,7 +103,7 @@ at::Tensor RMSNorm::forward(const at::Tensor& x) const {
   auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
   auto y = xf * at::rsqrt(var + eps_);
   if (!weight_) return y.to(x.scalar_type());
-  const auto& w = weight_->tensor;
+  const auto& w = weight_->value();
   if (w.scalar_type() == at::kHalf || w.scalar_type() == at::kBFloat16) y = y.to(w.scalar_type());
   return (y * w).to(x.scalar_type());
 }
@@ -118,8 +119,8 @@ LayerNorm::LayerNorm(int64_t dim, double eps, bool elementwise_affine, bool bias
 at::Tensor LayerNorm::forward(const at::Tensor& x) const {
   XF_CHECK(x.size(-1) == dim_, "LayerNorm(", dim_, ") got ", shape_string(x.sizes()));
   at::Tensor w, b;
-  if (weight_) w = weight_->tensor.to(at::kFloat);
-  if (bias_) b = bias_->tensor.to(at::kFloat);
+  if (weight_) w = weight_->value().to(at::kFloat);
+  if (bias_) b = bias_->value().to(at::kFloat);
   return at::layer_norm(x.to(at::kFloat), {dim_}, w, b, eps_).to(x.scalar_type());
 }
 

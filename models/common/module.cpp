@@ -12,6 +12,7 @@
 #include "backends/device.h"
 #include "backends/error.h"
 #include "backends/tensor_util.h"
+#include "models/common/offload.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/tensor_source.h"
 
@@ -36,7 +37,12 @@ at::Tensor take_part(const at::Tensor& full, const ParamShard& shard) {
 
 }  // namespace
 
+void ParamSlot::ensure_resident() const {
+  if (offload != nullptr) offload_use(*offload);
+}
+
 at::Tensor ParamSlot::value() const {
+  ensure_resident();
   if (!fp8) return tensor;
   if (!fp8->scale.defined()) return backends::from_fp8(fp8->data, fp8->format, fp8->dtype);
   return (backends::from_fp8(fp8->data, fp8->format, at::kFloat) * fp8->scale).to(fp8->dtype);

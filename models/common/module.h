@@ -52,6 +52,9 @@ struct Fp8Weight {
   c10::ScalarType dtype = c10::kFloat;
 };
 
+// Parameters an Offloader keeps in host memory (models/common/offload.h).
+struct OffloadGroup;
+
 struct ParamSlot {
   std::vector<int64_t> shape;            // expected shape (of this rank's part when sharded)
   at::Tensor tensor;                     // undefined until loaded, and while held in fp8
@@ -59,6 +62,9 @@ struct ParamSlot {
   std::optional<ParamShard> shard;       // set: the slot holds a part of the stored tensor
   LayerKind layer = LayerKind::kOther;   // the layer it belongs to (set by the layer classes)
   std::optional<Fp8Weight> fp8;          // set: the parameter is held here, not in `tensor`
+  // Set while an Offloader holds the parameter: `tensor` (or fp8's) is the host copy until
+  // ensure_resident() puts the device copy there.
+  OffloadGroup* offload = nullptr;
 
   // The shape of the tensor in the checkpoint (== shape unless sharded).
   std::vector<int64_t> stored_shape() const;
@@ -66,7 +72,11 @@ struct ParamSlot {
   bool loaded() const { return tensor.defined() || fp8.has_value(); }
   // The parameter in the dtype its layer computes in: `tensor`, or the fp8 values decoded and
   // scaled (a new tensor on every call, as diffusers' layerwise casting upcasts per forward).
+  // Every read of a parameter for compute goes through value() (or models::linear), which makes
+  // an offloaded parameter resident on the compute device first.
   at::Tensor value() const;
+  // Makes an offloaded parameter's device copy current (no-op otherwise).
+  void ensure_resident() const;
   // That dtype, without decoding.
   c10::ScalarType compute_dtype() const;
   // Bytes the parameter holds (fp8 values and scales, or the tensor).

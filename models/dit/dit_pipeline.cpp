@@ -61,13 +61,14 @@ void DiTPipeline::load_transformer(const std::filesystem::path& dir,
     transformer_ =
         load_dit_transformer(dir.string(), options.dtype, groups.get(),
                              pipefusion_stage_part(layers, groups->coords().pp), expected_class,
-                             options.device, options.transformer_weights);
+                             options.weights_device(), options.transformer_weights);
   } else {
     // Under tensor parallelism each rank reads only its slices of the transformer's weights.
     transformer_ =
         load_dit_transformer(dir.string(), options.dtype, groups.get(), DiTPart{}, expected_class,
-                             options.device, options.transformer_weights);
+                             options.weights_device(), options.transformer_weights);
   }
+  register_component(dir.filename().string(), transformer_, transformer_->block_list_prefixes());
 }
 
 void DiTPipeline::check_layout(const GenerationRequest& request, bool cfg,
@@ -167,7 +168,8 @@ void DiTPipeline::check_finite(const DiTState& s, int index) const {
 }
 
 void DiTPipeline::load_vae(const std::filesystem::path& dir, const ModelLoadOptions& options) {
-  auto component = load_component(dir.string(), options.dtype, options.device);
+  auto component = load_component(dir.string(), options.dtype, options.weights_device());
+  register_component(dir.filename().string(), component);
   vae_ = std::dynamic_pointer_cast<vae::AutoencoderKL>(component);
   XF_CHECK(vae_ != nullptr, dir.string(), " holds a ", component->class_name(),
            ", expected AutoencoderKL");

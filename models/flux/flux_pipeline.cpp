@@ -134,8 +134,8 @@ void FluxModel::load_components(const fs::path& dir, const ModelLoadOptions& opt
   flux_transformer_ = dynamic_cast<FluxTransformer2DModel*>(transformer_.get());
   XF_CHECK(flux_transformer_ != nullptr, (dir / "transformer").string(),
            " did not load as a FluxTransformer2DModel");
-  text_encoder_ = load_component((dir / "text_encoder").string(), dtype_, options.device);
-  text_encoder_2_ = load_component((dir / "text_encoder_2").string(), dtype_, options.device);
+  text_encoder_ = load_pipeline_component(dir, "text_encoder", dtype_);
+  text_encoder_2_ = load_pipeline_component(dir, "text_encoder_2", dtype_);
   load_vae(dir / "vae", options);
   XF_CHECK(flux_transformer_->config().in_channels % 4 == 0, "FLUX transformer in_channels ",
            flux_transformer_->config().in_channels, " is not a multiple of 4");

@@ -131,7 +131,7 @@ void Flux2Model::load_components(const fs::path& dir, const ModelLoadOptions& op
            " did not load as a Flux2Transformer2DModel");
   const auto& c = flux2_transformer_->config();
 
-  auto te = load_component((dir / "text_encoder").string(), dtype_, options.device);
+  auto te = load_pipeline_component(dir, "text_encoder", dtype_);
   text_encoder_ = std::dynamic_pointer_cast<text_encoders::LlamaEncoder>(te);
   XF_CHECK(text_encoder_ != nullptr, (dir / "text_encoder").string(), " holds a ", te->class_name(),
            "; FLUX.2 needs a Mistral3ForConditionalGeneration (or Mistral) "

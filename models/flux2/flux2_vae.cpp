@@ -69,14 +69,14 @@ void AutoencoderKLFlux2::load(const TensorSource& source, c10::ScalarType dtype,
   vae::AutoencoderKL::load(source, dtype, prefix, opts);
 }
 
-const at::Tensor& AutoencoderKLFlux2::bn_running_mean() const {
-  XF_CHECK(bn_mean_->tensor.defined(), "AutoencoderKLFlux2: bn.running_mean read before load()");
-  return bn_mean_->tensor;
+at::Tensor AutoencoderKLFlux2::bn_running_mean() const {
+  XF_CHECK(bn_mean_->loaded(), "AutoencoderKLFlux2: bn.running_mean read before load()");
+  return bn_mean_->value();
 }
 
-const at::Tensor& AutoencoderKLFlux2::bn_running_var() const {
-  XF_CHECK(bn_var_->tensor.defined(), "AutoencoderKLFlux2: bn.running_var read before load()");
-  return bn_var_->tensor;
+at::Tensor AutoencoderKLFlux2::bn_running_var() const {
+  XF_CHECK(bn_var_->loaded(), "AutoencoderKLFlux2: bn.running_var read before load()");
+  return bn_var_->value();
 }
 
 at::Tensor AutoencoderKLFlux2::bn_std() const {

@@ -61,8 +61,8 @@ class AutoencoderKLFlux2 : public vae::AutoencoderKL {
 
   const AutoencoderKLFlux2Config& flux2_config() const { return flux2_config_; }
   // bn buffers [bn_channels()] in the weights' dtype; throw before load().
-  const at::Tensor& bn_running_mean() const;
-  const at::Tensor& bn_running_var() const;
+  at::Tensor bn_running_mean() const;
+  at::Tensor bn_running_var() const;
   double bn_eps() const { return flux2_config_.batch_norm_eps; }
   // sqrt(running_var + eps) [bn_channels()], computed in the buffers' dtype like diffusers.
   at::Tensor bn_std() const;

@@ -146,7 +146,7 @@ void HunyuanVideoModel::load_components(const fs::path& dir, const ModelLoadOpti
            " did not load as a HunyuanVideoTransformer3DModel");
   const auto& c = hv_transformer_->config();
 
-  auto te = load_component((dir / "text_encoder").string(), dtype_, options.device);
+  auto te = load_pipeline_component(dir, "text_encoder", dtype_);
   text_encoder_ = std::dynamic_pointer_cast<text_encoders::LlamaEncoder>(te);
   XF_CHECK(text_encoder_ != nullptr &&
                text_encoder_->config().family == text_encoders::LlamaEncoderConfig::Family::kLlama,
@@ -158,12 +158,12 @@ void HunyuanVideoModel::load_components(const fs::path& dir, const ModelLoadOpti
   XF_CHECK(text_encoder_->config().hidden_size == c.text_embed_dim, (dir / "text_encoder").string(),
            ": hidden_size ", text_encoder_->config().hidden_size,
            " but the transformer's text_embed_dim is ", c.text_embed_dim);
-  text_encoder_2_ = load_component((dir / "text_encoder_2").string(), dtype_, options.device);
+  text_encoder_2_ = load_pipeline_component(dir, "text_encoder_2", dtype_);
   XF_CHECK(text_encoder_2_->class_name() == "CLIPTextModel", (dir / "text_encoder_2").string(),
            ": HunyuanVideo's text_encoder_2 must be a CLIPTextModel, got ",
            text_encoder_2_->class_name());
 
-  auto vae = load_component((dir / "vae").string(), dtype_, options.device);
+  auto vae = load_pipeline_component(dir, "vae", dtype_);
   hv_vae_ = std::dynamic_pointer_cast<AutoencoderKLHunyuanVideo>(vae);
   XF_CHECK(hv_vae_ != nullptr, (dir / "vae").string(), " holds a ", vae->class_name(),
            ", expected AutoencoderKLHunyuanVideo");

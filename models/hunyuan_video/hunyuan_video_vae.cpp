@@ -102,8 +102,7 @@ class HunyuanVideoConv3d : public Module {
   // (k/2, k/2, k/2, k/2, k-1, 0), mode="replicate") first.
   at::Tensor forward(const at::Tensor& x, bool causal,
                      const HunyuanVideoBand* band = nullptr) const {
-    XF_CHECK(weight_->tensor.defined(),
-             "HunyuanVideoCausalConv3d used before its weights were loaded");
+    XF_CHECK(weight_->loaded(), "HunyuanVideoCausalConv3d used before its weights were loaded");
     XF_CHECK(x.dim() == 5 && x.size(1) == in_, "HunyuanVideoCausalConv3d expects [B, ", in_,
              ", T, H, W], got ", shape_string(x.sizes()));
     const bool up = needs_upcast(x);
@@ -118,13 +117,13 @@ class HunyuanVideoConv3d : public Module {
         h = at::replication_pad3d(pad_band_rows(h, p, *band), {p, p, 0, 0, kernel_ - 1, 0});
       }
     }
-    at::Tensor w = up ? weight_->tensor.to(at::kFloat) : weight_->tensor;
-    at::Tensor b = up ? bias_->tensor.to(at::kFloat) : bias_->tensor;
+    at::Tensor w = up ? weight_->value().to(at::kFloat) : weight_->value();
+    at::Tensor b = up ? bias_->value().to(at::kFloat) : bias_->value();
     at::Tensor y = at::conv3d(h, w, b, stride_);
     return up ? y.to(x.scalar_type()) : y;
   }
 
-  const at::Tensor& weight() const { return weight_->tensor; }
+  at::Tensor weight() const { return weight_->value(); }
 
  private:
   int64_t in_, kernel_;
@@ -390,7 +389,7 @@ class HunyuanVideoDecoder3D : public Module {
     return conv_out_->forward(h, true, band);
   }
 
-  const at::Tensor& conv_in_weight() const { return conv_in_->weight(); }
+  at::Tensor conv_in_weight() const { return conv_in_->weight(); }
 
  private:
   std::shared_ptr<HunyuanVideoConv3d> conv_in_, conv_out_;

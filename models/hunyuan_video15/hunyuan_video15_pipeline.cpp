@@ -197,7 +197,7 @@ void HunyuanVideo15Model::load_components(const fs::path& dir, const ModelLoadOp
            " did not load as a HunyuanVideo15Transformer3DModel");
   const auto& c = hv_transformer_->config();
 
-  auto te = load_component((dir / "text_encoder").string(), dtype_, options.device);
+  auto te = load_pipeline_component(dir, "text_encoder", dtype_);
   text_encoder_ = std::dynamic_pointer_cast<text_encoders::LlamaEncoder>(te);
   XF_CHECK(text_encoder_ != nullptr &&
                text_encoder_->config().family == text_encoders::LlamaEncoderConfig::Family::kQwen2,
@@ -210,7 +210,7 @@ void HunyuanVideo15Model::load_components(const fs::path& dir, const ModelLoadOp
   XF_CHECK(text_encoder_->config().hidden_size == c.text_embed_dim, (dir / "text_encoder").string(),
            ": hidden_size ", text_encoder_->config().hidden_size,
            " but the transformer's text_embed_dim is ", c.text_embed_dim);
-  auto te2 = load_component((dir / "text_encoder_2").string(), dtype_, options.device);
+  auto te2 = load_pipeline_component(dir, "text_encoder_2", dtype_);
   text_encoder_2_ = std::dynamic_pointer_cast<text_encoders::T5Encoder>(te2);
   XF_CHECK(text_encoder_2_ != nullptr, (dir / "text_encoder_2").string(),
            ": HunyuanVideo-1.5's text_encoder_2 must be a T5EncoderModel (ByT5), got ",
@@ -219,7 +219,7 @@ void HunyuanVideo15Model::load_components(const fs::path& dir, const ModelLoadOp
            (dir / "text_encoder_2").string(), ": d_model ", text_encoder_2_->config().d_model,
            " but the transformer's text_embed_2_dim is ", c.text_embed_2_dim);
 
-  auto vae = load_component((dir / "vae").string(), dtype_, options.device);
+  auto vae = load_pipeline_component(dir, "vae", dtype_);
   hv_vae_ = std::dynamic_pointer_cast<AutoencoderKLHunyuanVideo15>(vae);
   XF_CHECK(hv_vae_ != nullptr, (dir / "vae").string(), " holds a ", vae->class_name(),
            ", expected AutoencoderKLHunyuanVideo15");
@@ -240,7 +240,7 @@ void HunyuanVideo15Model::load_components(const fs::path& dir, const ModelLoadOp
            ": the transformer predicts ", c.resolved_out_channels(), " channels, the VAE has ",
            vc.latent_channels);
   if (i2v_) {
-    auto enc = load_component((dir / "image_encoder").string(), dtype_, options.device);
+    auto enc = load_pipeline_component(dir, "image_encoder", dtype_);
     image_encoder_ = std::dynamic_pointer_cast<image::SiglipVisionModel>(enc);
     XF_CHECK(image_encoder_ != nullptr, (dir / "image_encoder").string(),
              ": HunyuanVideo-1.5's image_encoder must be a SiglipVisionModel, got ",

@@ -84,7 +84,7 @@ class Conv3d : public Module {
   }
 
   at::Tensor forward(const at::Tensor& x, const HunyuanVideoBand* band = nullptr) const {
-    XF_CHECK(weight_->tensor.defined(),
+    XF_CHECK(weight_->loaded(),
              "HunyuanVideo15CausalConv3d used before its weights were "
              "loaded");
     XF_CHECK(x.dim() == 5 && x.size(1) == in_, "HunyuanVideo15CausalConv3d expects [B, ", in_,
@@ -100,7 +100,7 @@ class Conv3d : public Module {
         h = at::replication_pad3d(h, {p, p, p, p, kernel_ - 1, 0});
       }
     }
-    at::Tensor w = weight_->tensor, b = bias_->tensor;
+    at::Tensor w = weight_->value(), b = bias_->value();
     if (up) {
       w = w.to(at::kFloat);
       b = b.to(at::kFloat);
@@ -109,7 +109,7 @@ class Conv3d : public Module {
     return up ? out.to(x.scalar_type()) : out;
   }
 
-  const at::Tensor& weight() const { return weight_->tensor; }
+  at::Tensor weight() const { return weight_->value(); }
 
  private:
   // x [B, C, T, h, W] (a band) -> [B, C, T, h + 2p, W]: p halo rows from the neighbouring bands,
@@ -149,7 +149,7 @@ class RMSNorm : public Module {
     at::Tensor xf = x.to(at::kFloat);
     at::Tensor norm = xf.pow(2).sum(1, /*keepdim=*/true).sqrt().clamp_min(1e-12);
     at::Tensor out =
-        xf / norm * std::sqrt(static_cast<double>(channels_)) * gamma_->tensor.to(at::kFloat);
+        xf / norm * std::sqrt(static_cast<double>(channels_)) * gamma_->value().to(at::kFloat);
     return out.to(x.scalar_type());
   }
 
@@ -229,7 +229,8 @@ class AttnBlock : public Module {
 
  private:
   at::Tensor project(size_t i, const at::Tensor& tokens) const {
-    return at::linear(tokens, weights_[i]->tensor.view({channels_, channels_}), biases_[i]->tensor);
+    return at::linear(tokens, weights_[i]->value().view({channels_, channels_}),
+                      biases_[i]->value());
   }
 
   int64_t channels_;
@@ -433,7 +434,7 @@ class HunyuanVideo15Decoder3D : public Module {
     return conv_out_->forward(at::silu(norm_out_->forward(h)), band);
   }
 
-  const at::Tensor& conv_in_weight() const { return conv_in_->weight(); }
+  at::Tensor conv_in_weight() const { return conv_in_->weight(); }
 
  private:
   int64_t repeat_;

@@ -63,8 +63,8 @@ ClipVisionTransformer::ClipVisionTransformer(const ClipVisionConfig& config) : c
 }
 
 ClipVisionTransformer::Output ClipVisionTransformer::forward(const at::Tensor& pixel_values) const {
-  XF_CHECK(patch_embedding_->tensor.defined(), "CLIP vision model used before load()");
-  const at::Tensor& w = patch_embedding_->tensor;  // [d, C, p, p]
+  XF_CHECK(patch_embedding_->loaded(), "CLIP vision model used before load()");
+  const at::Tensor& w = patch_embedding_->value();  // [d, C, p, p]
   const int64_t b = pixel_values.size(0), d = config_.hidden_size;
   at::Tensor x = pixel_values.to(w.scalar_type());
   at::Tensor patches;
@@ -75,8 +75,8 @@ ClipVisionTransformer::Output ClipVisionTransformer::forward(const at::Tensor& p
     patches = at::conv2d(x, w, {}, config_.patch_size);  // [B, d, g, g]
   }
   patches = patches.flatten(2).transpose(1, 2);  // [B, N, d]
-  auto cls = class_embedding_->tensor.view({1, 1, d}).expand({b, 1, d}).to(patches.scalar_type());
-  auto h = at::cat({cls, patches}, 1) + position_embedding_->tensor;  // [B, 1 + N, d]
+  auto cls = class_embedding_->value().view({1, 1, d}).expand({b, 1, d}).to(patches.scalar_type());
+  auto h = at::cat({cls, patches}, 1) + position_embedding_->value();  // [B, 1 + N, d]
   h = pre_layrnorm_->forward(h);
 
   at::Tensor penultimate = h;
@@ -130,7 +130,7 @@ TensorMap ClipVisionModel::call(const std::string& method, const TensorMap& inpu
            px.defined() ? px.sizes() : at::IntArrayRef{});
   XF_CHECK(at::isFloatingType(px.scalar_type()), name,
            ": pixel_values must be a floating-point tensor, got ", px.scalar_type());
-  const auto& weights = named_parameters().front().second->tensor;
+  const auto& weights = named_parameters().front().second->value();
   XF_CHECK(!weights.defined() || weights.device() == px.device(), name, ": pixel_values are on ",
            px.device(), " but the weights on ", weights.device());
   auto out = vision_model_->forward(px);

@@ -65,9 +65,9 @@ class SiglipPoolingHead : public Module {
   // h [B, N, d] -> [B, d]
   at::Tensor forward(const at::Tensor& h) const {
     const int64_t b = h.size(0), hd = dim_ / heads_;
-    const at::Tensor& w = in_proj_weight_->tensor;
-    const at::Tensor& bias = in_proj_bias_->tensor;
-    const at::Tensor probe = probe_->tensor.to(h.scalar_type()).expand({b, 1, dim_});
+    const at::Tensor& w = in_proj_weight_->value();
+    const at::Tensor& bias = in_proj_bias_->value();
+    const at::Tensor probe = probe_->value().to(h.scalar_type()).expand({b, 1, dim_});
     auto proj = [&](const at::Tensor& x, int64_t i) {
       return at::linear(x, w.narrow(0, i * dim_, dim_), bias.narrow(0, i * dim_, dim_));
     };
@@ -118,9 +118,9 @@ SiglipVisionTransformer::SiglipVisionTransformer(const SiglipVisionConfig& confi
 
 SiglipVisionTransformer::Output SiglipVisionTransformer::forward(
     const at::Tensor& pixel_values) const {
-  XF_CHECK(patch_weight_->tensor.defined(), "SigLIP vision model used before load()");
-  const at::Tensor& w = patch_weight_->tensor;  // [d, C, p, p]
-  const at::Tensor& bias = patch_bias_->tensor;
+  XF_CHECK(patch_weight_->loaded(), "SigLIP vision model used before load()");
+  const at::Tensor& w = patch_weight_->value();  // [d, C, p, p]
+  const at::Tensor& bias = patch_bias_->value();
   at::Tensor x = pixel_values.to(w.scalar_type());
   at::Tensor patches;
   if (x.is_cpu() && x.scalar_type() == at::kHalf) {
@@ -131,7 +131,7 @@ SiglipVisionTransformer::Output SiglipVisionTransformer::forward(
   } else {
     patches = at::conv2d(x, w, bias, config_.patch_size);  // [B, d, g, g]
   }
-  at::Tensor h = patches.flatten(2).transpose(1, 2) + position_embedding_->tensor;  // [B, N, d]
+  at::Tensor h = patches.flatten(2).transpose(1, 2) + position_embedding_->value();  // [B, N, d]
   at::Tensor penultimate = h;
   const at::Tensor no_mask;
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -165,7 +165,7 @@ SiglipVisionTransformer::Output SiglipVisionModel::forward(const at::Tensor& px)
   XF_CHECK(at::isFloatingType(px.scalar_type()),
            "SiglipVisionModel: pixel_values must be a floating-point tensor, got ",
            px.scalar_type());
-  const auto& weights = named_parameters().front().second->tensor;
+  const auto& weights = named_parameters().front().second->value();
   XF_CHECK(!weights.defined() || weights.device() == px.device(),
            "SiglipVisionModel: pixel_values are on ", px.device(), " but the weights on ",
            weights.device());

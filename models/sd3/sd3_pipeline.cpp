@@ -72,15 +72,14 @@ void SD3Model::load_components(const fs::path& dir, const ModelLoadOptions& opti
   sd3_transformer_ = dynamic_cast<SD3Transformer2DModel*>(transformer_.get());
   XF_CHECK(sd3_transformer_ != nullptr, (dir / "transformer").string(),
            " did not load as an SD3Transformer2DModel");
-  text_encoder_ = load_component((dir / "text_encoder").string(), dtype_, options.device);
-  text_encoder_2_ = load_component((dir / "text_encoder_2").string(), dtype_, options.device);
+  text_encoder_ = load_pipeline_component(dir, "text_encoder", dtype_);
+  text_encoder_2_ = load_pipeline_component(dir, "text_encoder_2", dtype_);
   for (const auto* enc : {&text_encoder_, &text_encoder_2_}) {
     XF_CHECK((*enc)->class_name() == "CLIPTextModelWithProjection", dir.string(),
              ": SD3's text_encoder and text_encoder_2 must be CLIPTextModelWithProjection, got ",
              (*enc)->class_name());
   }
-  if (t5)
-    text_encoder_3_ = load_component((dir / "text_encoder_3").string(), dtype_, options.device);
+  if (t5) text_encoder_3_ = load_pipeline_component(dir, "text_encoder_3", dtype_);
   load_vae(dir / "vae", options);
   const auto& c = sd3_transformer_->config();
   XF_CHECK(c.pos_embed_max_size.has_value(), (dir / "transformer").string(),

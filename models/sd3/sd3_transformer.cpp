@@ -247,10 +247,10 @@ class SD3Transformer2DModel::PatchEmbed : public Module {
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& ids) const {
     XF_CHECK(weight_->loaded(), "pos_embed used before loading");
     auto x = linear(tokens, weight_->value().reshape({dim_, -1}), bias_->value());
-    auto rc = ids.to(table_->tensor.device());
+    auto rc = ids.to(table_->value().device());
     rc = (at::isFloatingType(rc.scalar_type()) ? rc.round() : rc).to(at::kLong);  // [n, 2]
     auto rows = rc.select(1, 0) * max_size_ + rc.select(1, 1);                    // [n]
-    auto pos = table_->tensor.select(0, 0).index_select(0, rows);                 // [n, D]
+    auto pos = table_->value().select(0, 0).index_select(0, rows);                // [n, D]
     return x + pos.unsqueeze(0);
   }
 

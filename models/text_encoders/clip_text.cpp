@@ -62,13 +62,13 @@ ClipTextTransformer::ClipTextTransformer(const ClipTextConfig& config) : config_
 
 ClipTextTransformer::Output ClipTextTransformer::forward(const at::Tensor& input_ids,
                                                          const at::Tensor& attention_mask) const {
-  XF_CHECK(token_embedding_->tensor.defined(), "CLIP text model used before load()");
+  XF_CHECK(token_embedding_->loaded(), "CLIP text model used before load()");
   const int64_t b = input_ids.size(0), s = input_ids.size(1);
   XF_CHECK(s <= config_.max_position_embeddings, "CLIP text model: sequence length ", s,
            " exceeds max_position_embeddings ", config_.max_position_embeddings);
-  const auto& tok = token_embedding_->tensor;
+  const auto& tok = token_embedding_->value();
   auto x = tok.index_select(0, input_ids.reshape({-1})).view({b, s, config_.hidden_size}) +
-           position_embedding_->tensor.narrow(0, 0, s);  // [B, S, d]
+           position_embedding_->value().narrow(0, 0, s);  // [B, S, d]
 
   // Additive fp32 bias [B or 1, 1, S, S]: dtype-min above the diagonal, plus dtype-min at padded
   // keys (transformers adds both, so a key that is padded and in the future sums to -inf).

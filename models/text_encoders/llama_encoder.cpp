@@ -354,7 +354,7 @@ class LlamaRmsNorm : public Module {
   at::Tensor forward(const at::Tensor& x) const {
     auto h = x.to(at::kFloat);
     auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
-    return weight_->tensor * (h * at::rsqrt(variance + eps_)).to(x.scalar_type());
+    return weight_->value() * (h * at::rsqrt(variance + eps_)).to(x.scalar_type());
   }
 
  private:
@@ -504,7 +504,7 @@ void LlamaEncoder::load(const TensorSource& source, c10::ScalarType dtype,
 at::Tensor LlamaEncoder::checked_ids(const at::Tensor& input_ids,
                                      const at::Tensor& attention_mask) const {
   const std::string name = class_name();
-  const auto& emb = embed_tokens_->tensor;
+  const auto& emb = embed_tokens_->value();
   XF_CHECK(emb.defined(), name, " used before load()");
   XF_CHECK(input_ids.defined(), name, ".forward: missing required input 'input_ids'");
   TensorMap inputs{{"input_ids", input_ids}};
@@ -526,7 +526,7 @@ void LlamaEncoder::run(const at::Tensor& input_ids, const at::Tensor& attention_
   XF_CHECK(last_layer >= 0 && last_layer <= num_layers, class_name(), ": hidden state ", last_layer,
            " out of range [0, ", num_layers, "]");
   auto ids = checked_ids(input_ids, attention_mask);
-  const auto& emb = embed_tokens_->tensor;
+  const auto& emb = embed_tokens_->value();
   const int64_t b = ids.size(0), s = ids.size(1);
   const auto dtype = emb.scalar_type();
   auto x = emb.index_select(0, ids.reshape({-1})).view({b, s, config_.hidden_size});  // [B, S, d]

@@ -138,7 +138,7 @@ class T5RmsNorm : public Module {
  public:
   T5RmsNorm(int64_t dim, double eps) : eps_(eps) { weight_ = &param("weight", {dim}); }
   at::Tensor forward(const at::Tensor& x) const {
-    const auto& w = weight_->tensor;
+    const auto& w = weight_->value();
     auto variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
     auto y = x * at::rsqrt(variance + eps_);  // promotes half inputs to fp32
     if (w.scalar_type() == at::kHalf || w.scalar_type() == at::kBFloat16) {
@@ -174,7 +174,7 @@ class T5Attention : public Module {
     auto buckets = t5_relative_position_buckets(s, s, config_.relative_attention_num_buckets,
                                                 config_.relative_attention_max_distance);
     // The buckets are computed on the host (a small integer table), then moved to the weights.
-    const auto& table = relative_attention_bias_->tensor;
+    const auto& table = relative_attention_bias_->value();
     auto values = table.index_select(0, buckets.reshape({-1}).to(table.device()));
     return values.view({s, s, heads_}).permute({2, 0, 1}).unsqueeze(0);
   }
@@ -301,7 +301,7 @@ void T5Encoder::load(const TensorSource& source, c10::ScalarType dtype, const st
 }
 
 at::Tensor T5Encoder::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask) const {
-  const auto& emb = shared_->tensor;
+  const auto& emb = shared_->value();
   XF_CHECK(emb.defined(), class_name(), " used before load()");
   const int64_t b = input_ids.size(0), s = input_ids.size(1);
   const auto dtype = emb.scalar_type();

@@ -80,12 +80,12 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
 
 at::Tensor Conv2d::forward(const at::Tensor& x, int64_t stride, int64_t padding,
                            const SpatialContext* ctx) const {
-  XF_CHECK(weight_->tensor.defined(), "Conv2d used before its weights were loaded");
+  XF_CHECK(weight_->loaded(), "Conv2d used before its weights were loaded");
   XF_CHECK(x.dim() == 4 && x.size(1) == in_channels_, "Conv2d expects [B, ", in_channels_,
            ", H, W], got ", shape_string(x.sizes()));
   const bool up = needs_upcast(x);
-  at::Tensor w = maybe_float(weight_->tensor, up);
-  at::Tensor b = maybe_float(bias_->tensor, up);
+  at::Tensor w = maybe_float(weight_->value(), up);
+  at::Tensor b = maybe_float(bias_->value(), up);
   at::Tensor xi = maybe_float(x, up);
   const std::vector<int64_t> strides = {stride, stride};
   at::Tensor y;
@@ -111,11 +111,11 @@ GroupNorm::GroupNorm(int64_t groups, int64_t channels, double eps)
 }
 
 at::Tensor GroupNorm::forward(const at::Tensor& x, const SpatialContext* ctx) const {
-  XF_CHECK(weight_->tensor.defined(), "GroupNorm used before its weights were loaded");
+  XF_CHECK(weight_->loaded(), "GroupNorm used before its weights were loaded");
   XF_CHECK(x.dim() == 4 && x.size(1) == channels_, "GroupNorm expects [B, ", channels_,
            ", H, W], got ", shape_string(x.sizes()));
-  const at::Tensor w = weight_->tensor.to(at::kFloat);
-  const at::Tensor b = bias_->tensor.to(at::kFloat);
+  const at::Tensor w = weight_->value().to(at::kFloat);
+  const at::Tensor b = bias_->value().to(at::kFloat);
   at::Tensor xf = x.to(at::kFloat);  // [B, C, H, W] fp32
   at::Tensor y;
   if (ctx == nullptr) {
@@ -137,10 +137,10 @@ Linear::Linear(int64_t in_features, int64_t out_features) {
 }
 
 at::Tensor Linear::forward(const at::Tensor& x) const {
-  XF_CHECK(weight_->tensor.defined(), "Linear used before its weights were loaded");
+  XF_CHECK(weight_->loaded(), "Linear used before its weights were loaded");
   const bool up = needs_upcast(x);
-  at::Tensor y = at::linear(maybe_float(x, up), maybe_float(weight_->tensor, up),
-                            maybe_float(bias_->tensor, up));
+  at::Tensor y = at::linear(maybe_float(x, up), maybe_float(weight_->value(), up),
+                            maybe_float(bias_->value(), up));
   return up ? y.to(x.scalar_type()) : y;
 }
 

@@ -49,7 +49,7 @@ class Conv2d : public Module {
                      const SpatialContext* ctx = nullptr) const;
   int64_t in_channels() const { return in_channels_; }
   int64_t out_channels() const { return out_channels_; }
-  const at::Tensor& weight() const { return weight_->tensor; }
+  at::Tensor weight() const { return weight_->value(); }
 
  private:
   int64_t in_channels_, out_channels_, kernel_size_;
@@ -202,7 +202,7 @@ class Decoder : public Module {
   // Output pixels per latent pixel along each axis (2^(number of upsamplers)).
   int64_t upscale_factor() const;
   // Its dtype is the model's (undefined before load()).
-  const at::Tensor& conv_in_weight() const { return conv_in_->weight(); }
+  at::Tensor conv_in_weight() const { return conv_in_->weight(); }
 
  private:
   std::shared_ptr<Conv2d> conv_in_, conv_out_;

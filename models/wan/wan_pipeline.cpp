@@ -174,13 +174,13 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
   transformer_ = experts_.front().first;
   wan_transformer_ = experts_.front().second;
   const auto& c = wan_transformer_->config();
-  text_encoder_ = load_component((dir / "text_encoder").string(), dtype_, options.device);
+  text_encoder_ = load_pipeline_component(dir, "text_encoder", dtype_);
   XF_CHECK(text_encoder_->class_name() == "UMT5EncoderModel" ||
                text_encoder_->class_name() == "T5EncoderModel",
            (dir / "text_encoder").string(), ": Wan's text encoder must be a UMT5EncoderModel, got ",
            text_encoder_->class_name());
   // The Wan model cards load the VAE in float32 whatever the transformer's dtype.
-  auto vae = load_component((dir / "vae").string(), at::kFloat, options.device);
+  auto vae = load_pipeline_component(dir, "vae", at::kFloat);
   wan_vae_ = std::dynamic_pointer_cast<AutoencoderKLWan>(vae);
   XF_CHECK(wan_vae_ != nullptr, (dir / "vae").string(), " holds a ", vae->class_name(),
            ", expected AutoencoderKLWan");
@@ -199,7 +199,7 @@ void WanModel::load_components(const fs::path& dir, const ModelLoadOptions& opti
     image_processor_ = image::ClipImageProcessorConfig::from_file(
         (dir / "image_processor" / "preprocessor_config.json").string());
     // The Wan model cards load the image encoder in float32 as well.
-    image_encoder_ = load_component((dir / "image_encoder").string(), at::kFloat, options.device);
+    image_encoder_ = load_pipeline_component(dir, "image_encoder", at::kFloat);
     XF_CHECK(image_encoder_->class_name() == "CLIPVisionModel", (dir / "image_encoder").string(),
              ": Wan's image encoder must be a CLIPVisionModel, got ", image_encoder_->class_name());
   }

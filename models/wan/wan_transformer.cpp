@@ -133,7 +133,7 @@ class HeadShardedRMSNorm : public Module {
       var = sum / static_cast<double>(dim_);
     }
     auto y = xf * at::rsqrt(var + eps_);
-    const auto& w = weight_->tensor;
+    const auto& w = weight_->value();
     if (w.scalar_type() == at::kHalf || w.scalar_type() == at::kBFloat16) y = y.to(w.scalar_type());
     return (y * w).to(x.scalar_type());
   }
@@ -241,7 +241,7 @@ class WanBlock : public Module {
     const int64_t b = x.size(0), n = x.size(1);
     const auto dtype = x.scalar_type();
     // Modulation in float32: (scale_shift_table + timestep_proj.float()).chunk(6, dim=1).
-    auto mod = (table_->tensor.to(at::kFloat) + timestep_proj.to(at::kFloat)).chunk(6, 1);
+    auto mod = (table_->value().to(at::kFloat) + timestep_proj.to(at::kFloat)).chunk(6, 1);
     const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
     const auto &c_shift_msa = mod[3], &c_scale_msa = mod[4], &c_gate_msa = mod[5];
 
@@ -605,7 +605,7 @@ at::Tensor WanTransformer3DModel::finalize(const dit::DiTActivations& a) const {
   XF_CHECK(proj_out_, "finalize: norm_out/proj_out are not held by this model part");
   XF_CHECK(a.hidden.defined(), "finalize: the image stream is undefined");
   // shift, scale = (scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
-  auto mod = (scale_shift_table_->tensor + a.temb.unsqueeze(1)).chunk(2, 1);
+  auto mod = (scale_shift_table_->value() + a.temb.unsqueeze(1)).chunk(2, 1);
   auto x = modulated_norm(a.hidden, mod[0].to(at::kFloat), mod[1].to(at::kFloat), config_.eps);
   return proj_out_->forward(x);  // [B, n, pt*ph*pw*out_C]
 }

@@ -80,7 +80,7 @@ class WanCausalConv3d : public Module {
   // [cache, x] (the neighbours' rows of the same frames: each rank caches only its own rows).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cache = {},
                      const vae::SpatialContext* ctx = nullptr) const {
-    XF_CHECK(weight_->tensor.defined(), "WanCausalConv3d used before its weights were loaded");
+    XF_CHECK(weight_->loaded(), "WanCausalConv3d used before its weights were loaded");
     XF_CHECK(x.dim() == 5 && x.size(1) == in_, "WanCausalConv3d expects [B, ", in_,
              ", T, H, W], got ", shape_string(x.sizes()));
     int64_t front = 2 * padding_[0];
@@ -100,13 +100,13 @@ class WanCausalConv3d : public Module {
     }
     if (front > 0) h = at::constant_pad_nd(h, {0, 0, 0, 0, front, 0}, 0.0);
     const bool up = needs_upcast(h);
-    at::Tensor w = up ? weight_->tensor.to(at::kFloat) : weight_->tensor;
-    at::Tensor b = up ? bias_->tensor.to(at::kFloat) : bias_->tensor;
+    at::Tensor w = up ? weight_->value().to(at::kFloat) : weight_->value();
+    at::Tensor b = up ? bias_->value().to(at::kFloat) : bias_->value();
     at::Tensor y = at::conv3d(up ? h.to(at::kFloat) : h, w, b, stride_, {0, pad_h, padding_[2]});
     return up ? y.to(x.scalar_type()) : y;
   }
 
-  const at::Tensor& weight() const { return weight_->tensor; }
+  at::Tensor weight() const { return weight_->value(); }
 
  private:
   int64_t in_;
@@ -143,14 +143,14 @@ class WanRMSNorm : public Module {
   }
 
   at::Tensor forward(const at::Tensor& x) const {
-    XF_CHECK(gamma_->tensor.defined(), "WanRMS_norm used before its weights were loaded");
+    XF_CHECK(gamma_->loaded(), "WanRMS_norm used before its weights were loaded");
     XF_CHECK(x.size(1) == dim_, "WanRMS_norm expects ", dim_, " channels, got ",
              shape_string(x.sizes()));
     const bool up = needs_upcast(x);
     at::Tensor xi = up ? x.to(at::kFloat) : x;
     // F.normalize: x / max(||x||_2 over dim 1, 1e-12).
     at::Tensor denom = at::linalg_vector_norm(xi, 2.0, {1}, /*keepdim=*/true).clamp_min(1e-12);
-    at::Tensor y = xi / denom * scale_ * (up ? gamma_->tensor.to(at::kFloat) : gamma_->tensor);
+    at::Tensor y = xi / denom * scale_ * (up ? gamma_->value().to(at::kFloat) : gamma_->value());
     return up ? y.to(x.scalar_type()) : y;
   }
 
@@ -469,7 +469,7 @@ class WanDecoder3d : public Module {
     return cached_conv(*conv_out_, h, cache);
   }
 
-  const at::Tensor& conv_in_weight() const { return conv_in_->weight(); }
+  at::Tensor conv_in_weight() const { return conv_in_->weight(); }
 
  private:
   std::shared_ptr<WanCausalConv3d> conv_in_, conv_out_;
