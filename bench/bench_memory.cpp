@@ -8,9 +8,13 @@
 //       of the measured runs ever held the whole model for writing.
 //   [mpirun -np N] bench_memory --weights DIR [--strategy none|tp] [--dtype bf16|fp32]
 //                               [--format as_loaded|fp8_storage|fp8_gemms]
+//                               [--offload none|model|sequential]
 //                               [--forward 0|1] [--threads T] [--out FILE]
 //       none: one rank loads everything (the baseline; N must be 1);
 //       --format: the weights as loaded, or in fp8 (docs/fp8.md), on one rank or split;
+//       --offload: CPU offload of the transformer (models/common/offload.h); the JSON gets the
+//         parameter bytes on the device at their peak, as the offloader accounts them (on the
+//         CPU the device is the host: what a GPU would hold of the weights);
 //       tp:   tensor parallel over the N ranks: each reads only its slices from the mmapped file.
 //       (pp: PipeFusion stages, added with PipeFusion.)
 // Rank 0 writes the JSON (stdout without --out). bench/run_memory runs the whole comparison.
@@ -20,6 +24,7 @@
 #include <sys/resource.h>
 
 #include "bench/bench_common.h"
+#include "models/common/offload.h"
 #include "models/flux/flux_parallel.h"
 #include "models/flux/flux_transformer.h"
 #include "models/weights/safetensors.h"
@@ -119,7 +124,7 @@ int main(int argc, char** argv) {
   try {
     xb::Args args(argc, argv, {});
     args.check_known({"write-weights", "weights", "config", "dtype", "strategy", "format",
-                      "forward", "threads", "out"});
+                      "offload", "forward", "threads", "out"});
     const auto dtype = xb::parse_dtype(args.get("dtype", "bf16"));
     if (args.has("write-weights")) {
       write_weights(args.get("write-weights", ""), find_size(args.get("config", "medium")), dtype);
@@ -171,6 +176,17 @@ int main(int argc, char** argv) {
         xfuser::models::flux::load_flux_transformer(dir.string(), dtype, groups.get(), weights);
     const double load_seconds = xb::now_seconds() - t0;
     const int64_t weight_bytes = model->parameter_bytes();
+    const std::string offload = args.get("offload", "none");
+    std::unique_ptr<xfuser::models::Offloader> offloader;
+    if (offload != "none") {
+      XF_CHECK(offload == "model" || offload == "sequential", "--offload: unknown mode '", offload,
+               "' (none, model, sequential)");
+      offloader = std::make_unique<xfuser::models::Offloader>(
+          offload == "model" ? xfuser::models::OffloadMode::kModel
+                             : xfuser::models::OffloadMode::kSequential,
+          c10::Device(c10::kCPU));
+      offloader->add_component("transformer", model, model->block_list_prefixes());
+    }
     const int64_t rss_after_load = peak_rss_bytes();
 
     double forward_seconds = 0;
@@ -206,9 +222,20 @@ int main(int argc, char** argv) {
                          {"load_seconds", v(5)},
                          {"forward_seconds", v(6)}});
       }
+      nlohmann::json offload_json = {{"mode", offload}};
+      if (offloader) {
+        const auto o = offloader->stats();
+        offload_json["peak_device_parameter_bytes"] = o.peak_resident_bytes;
+        offload_json["bound_bytes"] = o.bound_bytes;
+        offload_json["streamed_blocks"] = o.blocks;
+        offload_json["largest_block_bytes"] = o.largest_block_bytes;
+        offload_json["resident_part_bytes"] = o.largest_resident_part_bytes;
+        offload_json["onload_bytes"] = o.onload_bytes;
+      }
       nlohmann::json out = {{"benchmark", "parallel_memory"},
                             {"strategy", strategy},
                             {"format", format},
+                            {"offload", offload_json},
                             {"ranks_count", mpi.size()},
                             {"dtype", xb::dtype_name(dtype)},
                             {"config", config.value("bench_config", std::string("?"))},

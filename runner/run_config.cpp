@@ -14,8 +14,7 @@ namespace {
 
 // Flags accepted by the parser whose feature lands in a later issue. Using one is an error.
 const std::set<std::string>& not_yet_supported() {
-  static const std::set<std::string> flags = {"--use_fsdp", "--enable_model_cpu_offload",
-                                              "--enable_sequential_cpu_offload"};
+  static const std::set<std::string> flags = {"--use_fsdp"};
   return flags;
 }
 

@@ -454,6 +454,18 @@ ResolvedArgs Runner::preprocess_args() const {
            "--use_fp8_gemms with --tensor_parallel_degree ", c.tensor_parallel_degree,
            " is not supported yet: a row-parallel layer would scale each rank's part of a row on "
            "its own; use sequence, CFG, data or PipeFusion parallelism with FP8 GEMMs");
+  XF_CHECK(!(c.enable_model_cpu_offload && c.enable_sequential_cpu_offload),
+           "--enable_model_cpu_offload and --enable_sequential_cpu_offload are two ways to keep "
+           "the weights in host memory (whole components, or the transformer's blocks one at a "
+           "time): give one");
+  if (c.enable_model_cpu_offload) args.offload = models::OffloadMode::kModel;
+  if (c.enable_sequential_cpu_offload) args.offload = models::OffloadMode::kSequential;
+  if (args.offload != models::OffloadMode::kNone && args.device.is_cpu()) {
+    spdlog::warn(
+        "--enable_{}_cpu_offload saves no memory on the CPU: the weights already live in host "
+        "memory (the offload runs, and its report shows what a GPU would hold)",
+        models::offload_mode_name(args.offload));
+  }
   // Flags that would change nothing: one warning each, naming the flag.
   if (!c.negative_prompt.empty() && spec.options.count("--true_cfg_scale") &&
       *c.true_cfg_scale <= 1.0) {
@@ -723,6 +735,7 @@ void Runner::initialize(const ResolvedArgs& args) {
   options.pipefusion_layers = args.config.pipefusion_layers;
   options.parallel_vae = args.config.use_parallel_vae;
   options.transformer_weights = args.transformer_weights;
+  options.offload = args.offload;
   model_->load(model_dir_, options);
   for (const auto& e : model_->backend_timeline()) {
     spdlog::debug("backend {}: op {} runs {} ({})", e.backend, e.tag, e.chosen,
@@ -1017,6 +1030,7 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                         {"seed", c.seed},
                         {"dtype", c.dtype},
                         {"transformer_weights", weights_name(args.transformer_weights)},
+                        {"cpu_offload", models::offload_mode_name(args.offload)},
                         {"prompts", args.request.prompts.size()},
                         {"batch_size", args.batch_size},
                         {"dataset_path", c.dataset_path},
@@ -1099,6 +1113,21 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                         {"device", backends::device_name(args.device)}};
     if (model_)
       report["memory"]["transformer_parameter_bytes"] = model_->transformer_parameter_bytes();
+    if (model_ && model_->offloader()) {
+      // Parameter bytes on the device under CPU offload (what a GPU holds of the weights).
+      const models::OffloadStats o = model_->offloader()->stats();
+      report["memory"]["offload"] = {{"mode", models::offload_mode_name(args.offload)},
+                                     {"components", o.components},
+                                     {"streamed_blocks", o.blocks},
+                                     {"onloads", o.onloads},
+                                     {"onload_bytes", o.onload_bytes},
+                                     {"peak_resident_parameter_bytes", o.peak_resident_bytes},
+                                     {"bound_bytes", o.bound_bytes},
+                                     {"largest_component_bytes", o.largest_component_bytes},
+                                     {"largest_block_bytes", o.largest_block_bytes},
+                                     {"peak_streamed_parameter_bytes", o.peak_streamed_bytes},
+                                     {"streamed_bound_bytes", o.streamed_bound_bytes}};
+    }
     const backends::DeviceMemoryStats dev_mem = backends::device_memory_stats(args.device);
     if (dev_mem.available) {
       // The caching allocator's view of the GPU: what tensors hold, what it keeps, and peaks.

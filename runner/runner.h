@@ -55,6 +55,8 @@ struct ResolvedArgs {
   backends::AttentionKernel attention_kernel = backends::AttentionKernel::automatic;
   // --use_fp8_gemms / --fp8_storage: how the transformers hold their weights.
   models::WeightFormat transformer_weights;
+  // --enable_model_cpu_offload / --enable_sequential_cpu_offload.
+  models::OffloadMode offload = models::OffloadMode::kNone;
 };
 
 // Communication per group name, then per operation, of one timed iteration.

@@ -136,6 +136,8 @@ std::vector<Case> cases() {
       flags("ZeroIterations", kRun + "--num_iterations 0",
             {"--num_iterations must be >= 1 (got 0)"}),
       flags("NotYetSupportedFlag", kRun + "--use_fsdp", {"--use_fsdp is not supported yet"}),
+      flags("BothCpuOffloads", kRun + "--enable_model_cpu_offload --enable_sequential_cpu_offload",
+            {"--enable_model_cpu_offload and --enable_sequential_cpu_offload", "give one"}),
       // ---- absurd values: refused with the limit ----
       flags("AbsurdStepCount", kRun + "--num_inference_steps 2147483647",
             {"--num_inference_steps must be at most 10000 (got 2147483647)"}),

@@ -170,4 +170,40 @@ TEST(Fp8Run, ConflictingFlagsAreClearErrors) {
   EXPECT_NE(bad.log.find("--fp8_storage"), std::string::npos) << bad.log;
 }
 
+// --enable_model_cpu_offload / --enable_sequential_cpu_offload: the same picture as without
+// them, the offload in the run report (on the CPU the weights stay in host memory, so the report
+// shows what a device would hold), a warning that the CPU saves nothing, and the two together
+// refused by name.
+TEST(OffloadRun, FlagsKeepThePictureAndReportTheDeviceBytes) {
+  setenv("XFUSER_CACHE", (xfuser::testing::binary_dir() / "test-cache").c_str(), 1);
+  xfuser::testing::TempDir tmp("xfuser-offload-run");
+  const auto base = run_tiny_flux(tmp / "base", "");
+  ASSERT_EQ(base.rc, 0) << base.log;
+  EXPECT_EQ(base.report["config"]["cpu_offload"], "none");
+  EXPECT_FALSE(base.report["memory"].contains("offload"));
+  for (const auto& [flag, mode] : std::vector<std::pair<std::string, std::string>>{
+           {"--enable_model_cpu_offload", "model"},
+           {"--enable_sequential_cpu_offload", "sequential"}}) {
+    SCOPED_TRACE(flag);
+    const auto run = run_tiny_flux(tmp / mode, flag);
+    ASSERT_EQ(run.rc, 0) << run.log;
+    ASSERT_TRUE(run.image.defined());
+    EXPECT_TRUE(at::equal(run.image, base.image)) << "the offload changed the picture";
+    EXPECT_EQ(run.report["config"]["cpu_offload"], mode);
+    const auto& o = run.report["memory"]["offload"];
+    EXPECT_EQ(o["mode"], mode);
+    EXPECT_EQ(o["components"], 4);  // CLIP, T5, the transformer, the VAE
+    EXPECT_GT(o["onloads"].get<int64_t>(), 0);
+    EXPECT_LE(o["peak_resident_parameter_bytes"].get<int64_t>(), o["bound_bytes"].get<int64_t>());
+    EXPECT_EQ(o["streamed_blocks"].get<int>() > 0, mode == "sequential");
+    EXPECT_NE(run.log.find("saves no memory on the CPU"), std::string::npos) << run.log;
+  }
+  const auto both =
+      run_tiny_flux(tmp / "both", "--enable_model_cpu_offload --enable_sequential_cpu_offload");
+  EXPECT_NE(both.rc, 0);
+  EXPECT_NE(both.log.find("--enable_model_cpu_offload and --enable_sequential_cpu_offload"),
+            std::string::npos)
+      << both.log;
+}
+
 }  // namespace

@@ -336,4 +336,15 @@ INSTANTIATE_TEST_SUITE_P(Tiny, GpuPipelines,
                          ::testing::ValuesIn(xfuser::testing::committed_tiny_pipelines()),
                          xfuser::testing::pipeline_test_name);
 
+// The same with sequential CPU offload: pinned host weights, blocks copied ahead on a side stream
+// (models/common/offload.h); equal to the run without offload (1e-6) and to diffusers, the device
+// parameter bytes within their bound.
+TEST_P(GpuPipelines, SequentialOffloadEqualsTheRunWithout) {
+  REQUIRE_GPU();
+  xfuser::models::register_builtin_components();
+  xfuser::backends::set_fp32_math(at::kFloat, kCuda);
+  xfuser::testing::check_pipeline(GetParam(), {}, kCuda, {}, {},
+                                  xfuser::models::OffloadMode::kSequential);
+}
+
 }  // namespace

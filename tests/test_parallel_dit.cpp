@@ -54,13 +54,15 @@ class ParallelDiT : public ::testing::TestWithParam<std::string> {
 
   static std::unique_ptr<xfuser::models::XFuserModel> load(
       const std::string& id, std::shared_ptr<ProcessGroups> groups, bool parallel_vae = false,
-      const xfuser::models::WeightFormat& weights = {}) {
+      const xfuser::models::WeightFormat& weights = {},
+      xfuser::models::OffloadMode offload = xfuser::models::OffloadMode::kNone) {
     const auto& spec = ModelRegistry::find(id);
     auto model = spec.create(spec);
     model->set_process_groups(std::move(groups));
     xfuser::models::ModelLoadOptions options;
     options.parallel_vae = parallel_vae;
     options.transformer_weights = weights;
+    options.offload = offload;
     model->load(spec.embedded_dir(), options);
     return model;
   }
@@ -182,6 +184,37 @@ TEST_P(ParallelDiT, Fp8WeightsUnderEveryLayoutEqualOneRank) {
       WorldConfig::from_degrees(world, 1, 1, 1, 1, 1, world), world_);
   xfuser::testing::expect_error_containing([&] { load(id, groups, false, scaled); },
                                            {"--use_fp8_gemms", "--tensor_parallel_degree"});
+}
+
+// CPU offload is each rank's own affair: it moves the parameters the rank holds (the whole
+// model under sequence and CFG parallelism, tensor-parallel slices, a PipeFusion stage's blocks)
+// and changes no value, so every layout with either offload equals one rank without it.
+TEST_P(ParallelDiT, CpuOffloadUnderLayoutsEqualsOneRank) {
+  using xfuser::models::OffloadMode;
+  const std::string id = GetParam();
+  const int world = world_->size();
+  const std::vector<Layout> layouts = {{1, 1, world, 1, 1, false},
+                                       {2, 1, world / 2, 1, 1, false},
+                                       {1, 2, world / 2, 1, 1, false},
+                                       {1, 1, 1, 1, world, false}};
+  const int steps = 2;
+  auto req = request(64, 64, 7, steps);
+  req.pipefusion_warmup_steps = steps;
+  const auto ref = load(id, nullptr)->generate(req);
+  for (const auto mode : {OffloadMode::kModel, OffloadMode::kSequential}) {
+    for (const Layout& l : layouts) {
+      auto config = WorldConfig::from_degrees(world, 1, l.cfg, l.pp, l.ulysses, l.ring, l.tp);
+      auto groups = std::make_shared<ProcessGroups>(config, world_);
+      auto model = load(id, groups, false, {}, mode);
+      expect_same(model->generate(req), ref,
+                  id + " " + xfuser::models::offload_mode_name(mode) + " offload " + l.name());
+      const auto s = model->offloader()->stats();
+      EXPECT_GT(s.onloads, 0);
+      EXPECT_LE(s.peak_resident_bytes, s.bound_bytes) << l.name();
+      EXPECT_EQ(s.resident_bytes, 0) << l.name();
+      if (mode == OffloadMode::kSequential) EXPECT_GT(s.blocks, 0) << l.name();
+    }
+  }
 }
 
 TEST_P(ParallelDiT, PipeFusionStalePatchesAreMeasured) {

@@ -124,9 +124,43 @@ std::vector<std::string> strings(const nlohmann::json& j) {
 
 }  // namespace
 
+models::GenerationRequest reference_case_request(const std::filesystem::path& dir) {
+  std::ifstream in(dir / "case.json");
+  const auto c = nlohmann::json::parse(in);
+  models::GenerationRequest r;
+  r.prompts = strings(c["prompt"]);
+  const auto negatives = strings(c["negative_prompt"]);
+  for (size_t i = 0; i < r.prompts.size() && !negatives.empty(); ++i) {
+    r.negative_prompts.push_back(negatives.size() == 1 ? negatives[0] : negatives[i]);
+  }
+  r.height = c["height"];
+  r.width = c["width"];
+  r.num_inference_steps = c["num_inference_steps"];
+  r.guidance_scale = c["guidance_scale"];
+  r.true_cfg_scale = c.value("true_cfg_scale", 1.0);
+  r.max_sequence_length = c["max_sequence_length"];
+  r.num_frames = c.value("num_frames", 0);
+  if (c.contains("guidance_scale_2") && !c["guidance_scale_2"].is_null()) {
+    r.guidance_scale_2 = c["guidance_scale_2"].get<double>();
+  }
+  if (c.contains("input_image")) {
+    r.input_images = {xfuser::runner::read_image(dir / c["input_image"].get<std::string>())};
+  }
+  if (c.contains("input_images")) {  // several pictures (FLUX.2 editing)
+    for (const auto& file : c["input_images"]) {
+      r.input_images.push_back(xfuser::runner::read_image(dir / file.get<std::string>()));
+    }
+  }
+  r.seeds.assign(r.prompts.size(), 0);  // unused: the latents are given
+  r.latents = xfuser::models::SafetensorsFile((dir / "latents.safetensors").string())
+                  .get("latents")
+                  .clone();
+  return r;
+}
+
 void check_pipeline(const std::string& name, const std::filesystem::path& given_folder,
                     c10::Device device, const std::filesystem::path& given_refs,
-                    const models::WeightFormat& transformer_weights) {
+                    const models::WeightFormat& transformer_weights, models::OffloadMode offload) {
   namespace fs = std::filesystem;
   const fs::path folder = given_folder.empty() ? fixtures_dir() / "pipelines" / name : given_folder;
   const fs::path refs =
@@ -138,43 +172,58 @@ void check_pipeline(const std::string& name, const std::filesystem::path& given_
   models::ModelLoadOptions options;  // fp32
   options.device = device;
   options.transformer_weights = transformer_weights;
+  // With an offload: the same model without it, whose outputs the offloaded run must equal.
+  std::unique_ptr<models::XFuserModel> plain;
+  if (offload != models::OffloadMode::kNone) {
+    plain = spec.create(spec);
+    plain->load(folder, options);
+    options.offload = offload;
+  }
   model->load(folder, options);
+  if (plain) {
+    ASSERT_NE(model->offloader(), nullptr);
+    const auto s = model->offloader()->stats();
+    EXPECT_GE(s.components, 3) << "a pipeline has a text encoder, a transformer and a VAE";
+    EXPECT_EQ(s.resident_bytes, 0) << "weights on the device before the first generation";
+    if (offload == models::OffloadMode::kSequential) {
+      EXPECT_GT(s.blocks, 0) << "no transformer block is streamed";
+    }
+  }
   int cases = 0;
   for (const auto& entry : fs::directory_iterator(refs)) {
     if (!entry.is_directory()) continue;  // a case is a folder; files beside them describe them
     const fs::path dir = entry.path();
     SCOPED_TRACE(dir.string());
-    std::ifstream in(dir / "case.json");
-    const auto c = nlohmann::json::parse(in);
-    models::GenerationRequest r;
-    r.prompts = strings(c["prompt"]);
-    const auto negatives = strings(c["negative_prompt"]);
-    for (size_t i = 0; i < r.prompts.size() && !negatives.empty(); ++i) {
-      r.negative_prompts.push_back(negatives.size() == 1 ? negatives[0] : negatives[i]);
-    }
-    r.height = c["height"];
-    r.width = c["width"];
-    r.num_inference_steps = c["num_inference_steps"];
-    r.guidance_scale = c["guidance_scale"];
-    r.true_cfg_scale = c.value("true_cfg_scale", 1.0);
-    r.max_sequence_length = c["max_sequence_length"];
-    r.num_frames = c.value("num_frames", 0);
-    if (c.contains("guidance_scale_2") && !c["guidance_scale_2"].is_null()) {
-      r.guidance_scale_2 = c["guidance_scale_2"].get<double>();
-    }
-    if (c.contains("input_image")) {
-      r.input_images = {xfuser::runner::read_image(dir / c["input_image"].get<std::string>())};
-    }
-    if (c.contains("input_images")) {  // several pictures (FLUX.2 editing)
-      for (const auto& file : c["input_images"]) {
-        r.input_images.push_back(xfuser::runner::read_image(dir / file.get<std::string>()));
-      }
-    }
-    r.seeds.assign(r.prompts.size(), 0);  // unused: the latents are given
-    r.latents = xfuser::models::SafetensorsFile((dir / "latents.safetensors").string())
-                    .get("latents")
-                    .clone();
+    const models::GenerationRequest r = reference_case_request(dir);
     const auto out = model->generate(r);
+    if (plain) {
+      const auto base = plain->generate(r);
+      const double rel_plain = max_rel_error(out.latents.cpu(), base.latents.cpu());
+      EXPECT_LE(rel_plain, 1e-6) << "final latents with " << models::offload_mode_name(offload)
+                                 << " offload vs without";
+      EXPECT_TRUE(at::equal(out.images.cpu(), base.images.cpu()))
+          << "pixels with " << models::offload_mode_name(offload) << " offload vs without";
+      const auto s = model->offloader()->stats();
+      EXPECT_GT(s.onloads, 0);
+      EXPECT_GT(s.peak_resident_bytes, 0);
+      EXPECT_LE(s.peak_resident_bytes, s.bound_bytes)
+          << "device bytes at the peak exceed the offload's bound";
+      EXPECT_EQ(s.resident_bytes, 0) << "weights left on the device after the generation";
+      if (offload == models::OffloadMode::kSequential) {
+        EXPECT_GT(s.peak_streamed_bytes, 0) << "no transformer block was streamed";
+        EXPECT_LE(s.peak_streamed_bytes, s.streamed_bound_bytes)
+            << "the transformer held more than its resident part and two blocks";
+      }
+      std::printf(
+          "%s/%s: %s offload: %d components, %d streamed blocks, device peak %lld "
+          "bytes (largest component %lld, bound %lld; while streaming %lld, bound "
+          "%lld), rel vs plain %.2e\n",
+          name.c_str(), dir.filename().string().c_str(), models::offload_mode_name(offload),
+          s.components, s.blocks, static_cast<long long>(s.peak_resident_bytes),
+          static_cast<long long>(s.largest_component_bytes), static_cast<long long>(s.bound_bytes),
+          static_cast<long long>(s.peak_streamed_bytes),
+          static_cast<long long>(s.streamed_bound_bytes), rel_plain);
+    }
     const at::Tensor want =
         xfuser::models::SafetensorsFile((dir / "final.safetensors").string()).get("latents");
     // The run reports the latents it started from, in the pipeline's own layout.

@@ -13,6 +13,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "models/common/module.h"
+#include "models/common/offload.h"
+#include "models/xfuser_model.h"
 
 namespace xfuser::testing {
 
@@ -56,6 +58,10 @@ nlohmann::json read_json(const std::filesystem::path& path);
 // Every tensor of a safetensors file, copied out of the mapping.
 std::map<std::string, at::Tensor> read_tensors(const std::filesystem::path& path);
 
+// The request of one reference case folder (<name>.ref/<case>/: case.json, latents.safetensors,
+// and its input pictures), with diffusers' initial latents.
+models::GenerationRequest reference_case_request(const std::filesystem::path& case_dir);
+
 // Runs every reference case under tests/fixtures/pipelines/<name>.ref/ (case.json: the call's
 // arguments; latents.safetensors: diffusers' initial latents; final.safetensors: its final ones;
 // image.safetensors: its decoded output; input.png: the picture, if any) on the folder
@@ -65,11 +71,15 @@ std::map<std::string, at::Tensor> read_tensors(const std::filesystem::path& path
 // outside the fixtures, as tiny-shapes). `device`: where the model loads and runs (the checked
 // device of tests/checked_device.h, a GPU). `refs`, when given, holds the cases instead of
 // pipelines/<name>.ref/. `transformer_weights`: how the transformers hold their weights (the
-// cases must then come from diffusers run the same way).
+// cases must then come from diffusers run the same way). `offload`: the run is made with that CPU
+// offload and must also equal the same run without it (final latents within 1e-6 relative,
+// pixels exactly), with the offloader's device bytes at their peak within its bound, every
+// component registered with it, and nothing left on the device after a generation.
 void check_pipeline(const std::string& name, const std::filesystem::path& folder = {},
                     c10::Device device = c10::Device(c10::kCPU),
                     const std::filesystem::path& refs = {},
-                    const models::WeightFormat& transformer_weights = {});
+                    const models::WeightFormat& transformer_weights = {},
+                    models::OffloadMode offload = models::OffloadMode::kNone);
 
 // pipelines/<name> as a newer diffusers / transformers saved it again: pipelines-v<version>/<name>
 // holds the files that save wrote differently and removed.json the ones it no longer wrote; they
