@@ -6,10 +6,12 @@
 #define XFUSER_CHECKED_DEVICE 1
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 
 #include "backends/error.h"
 
@@ -38,6 +40,10 @@ namespace {
 
 std::atomic<int64_t> g_host_reads{0};
 std::atomic<int64_t> g_ops{0};
+// The checked device's memory: bytes held by its tensors now and at the peak since the last reset.
+std::mutex g_memory_mutex;
+int64_t g_allocated = 0;
+int64_t g_peak = 0;
 
 }  // namespace
 
@@ -46,13 +52,38 @@ namespace {
 
 constexpr c10::DeviceType kChecked = c10::DeviceType::PrivateUse1;
 
-// Host memory that says it is on the checked device.
+// The size of every live allocation, for the byte counts.
+std::unordered_map<void*, size_t>& allocation_sizes() {
+  static auto* sizes = new std::unordered_map<void*, size_t>();
+  return *sizes;
+}
+
+void checked_free(void* p) {
+  if (p != nullptr) {
+    std::lock_guard<std::mutex> lock(g_memory_mutex);
+    auto& sizes = allocation_sizes();
+    auto it = sizes.find(p);
+    if (it != sizes.end()) {
+      g_allocated -= static_cast<int64_t>(it->second);
+      sizes.erase(it);
+    }
+  }
+  c10::free_cpu(p);
+}
+
+// Host memory that says it is on the checked device, counted as a GPU's allocator counts.
 struct CheckedAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     void* p = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
-    return {p, p, &c10::free_cpu, c10::Device(kChecked, 0)};
+    if (p != nullptr) {
+      std::lock_guard<std::mutex> lock(g_memory_mutex);
+      allocation_sizes()[p] = nbytes;
+      g_allocated += static_cast<int64_t>(nbytes);
+      g_peak = std::max(g_peak, g_allocated);
+    }
+    return {p, p, &checked_free, c10::Device(kChecked, 0)};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &c10::free_cpu; }
+  c10::DeleterFnPtr raw_deleter() const override { return &checked_free; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
@@ -276,6 +307,21 @@ c10::Device checked_device() {
 }
 
 #endif
+
+int64_t checked_device_allocated_bytes() {
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  return g_allocated;
+}
+
+int64_t checked_device_peak_bytes() {
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  return g_peak;
+}
+
+void checked_device_reset_peak() {
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  g_peak = g_allocated;
+}
 
 int64_t checked_device_host_reads() { return g_host_reads; }
 int64_t checked_device_ops() { return g_ops; }

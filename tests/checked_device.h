@@ -33,5 +33,10 @@ c10::Device checked_device();
 int64_t checked_device_host_reads();
 // Operators that ran on the checked device so far (a test can tell that something ran there).
 int64_t checked_device_ops();
+// Bytes the checked device's tensors hold now, and at the peak since the last reset (as a GPU's
+// caching allocator reports allocated bytes, without its caching).
+int64_t checked_device_allocated_bytes();
+int64_t checked_device_peak_bytes();
+void checked_device_reset_peak();
 
 }  // namespace xfuser::testing

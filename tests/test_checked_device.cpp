@@ -27,6 +27,7 @@
 #include "backends/error.h"
 #include "models/common/component.h"
 #include "models/dit/dit.h"
+#include "models/registry.h"
 #include "models/weights/component_folder.h"
 #include "tests/checked_device.h"
 #include "tests/test_util.h"
@@ -240,7 +241,10 @@ INSTANTIATE_TEST_SUITE_P(Pipelines, CheckedDevicePipeline,
 // The same pipelines with model and with sequential CPU offload onto the checked device: the
 // weights load into host memory and move to the device per component (per block), so a weight
 // read that bypasses the offloader is a host tensor among device tensors, which the checked
-// device refuses by name. Equal to the run without offload (1e-6) and to diffusers.
+// device refuses by name. Equal to the run without offload (1e-6) and to diffusers. Kontext is
+// left out here (its components are flux-tiny's, its VAE encoding of an input picture is also
+// FLUX.2's and Wan I2V's; on the checked device it takes a minute): tests/test_offload_pipelines
+// runs it on the CPU.
 using CheckedDeviceOffload = OnCheckedDevice<std::tuple<std::string, xfuser::models::OffloadMode>>;
 
 TEST_P(CheckedDeviceOffload, EqualsTheRunWithoutOffload) {
@@ -250,7 +254,12 @@ TEST_P(CheckedDeviceOffload, EqualsTheRunWithoutOffload) {
 
 INSTANTIATE_TEST_SUITE_P(
     Pipelines, CheckedDeviceOffload,
-    ::testing::Combine(::testing::ValuesIn(xfuser::testing::committed_tiny_pipelines()),
+    ::testing::Combine(::testing::ValuesIn([] {
+                         auto names = xfuser::testing::committed_tiny_pipelines();
+                         names.erase(std::remove(names.begin(), names.end(), "kontext-tiny"),
+                                     names.end());
+                         return names;
+                       }()),
                        ::testing::Values(xfuser::models::OffloadMode::kModel,
                                          xfuser::models::OffloadMode::kSequential)),
     [](const auto& info) {
@@ -258,6 +267,81 @@ INSTANTIATE_TEST_SUITE_P(
           std::get<0>(info.param) + "_" +
           xfuser::models::offload_mode_name(std::get<1>(info.param)));
     });
+
+// Device memory under CPU offload, as the checked device's allocator counts it (as a GPU's
+// allocated bytes): the run without offload holds its weights W on the device and needs A more at
+// its peak (activations, temporaries); with an offload the device holds none of the weights after
+// loading, at most the offloader's bound of them plus A at the peak, and none after the generation.
+TEST(CheckedDeviceOffloadMemory, DevicePeakIsTheBoundPlusActivations) {
+  if (!xfuser::testing::checked_device_available()) GTEST_SKIP() << "needs libtorch >= 2.4";
+  namespace fs = std::filesystem;
+  using xfuser::models::OffloadMode;
+  xfuser::models::register_builtin_components();
+  const c10::Device device = xfuser::testing::checked_device();
+  for (const std::string name :
+       {"flux-tiny", "sd3-tiny", "wan22-t2v-tiny", "hunyuan_video15-tiny"}) {
+    SCOPED_TRACE(name);
+    const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / name;
+    const fs::path refs = xfuser::testing::fixtures_dir() / "pipelines" / (name + ".ref");
+    XF_REQUIRE_FIXTURE(folder);
+    std::vector<fs::path> cases;
+    for (const auto& e : fs::directory_iterator(refs)) {
+      if (e.is_directory()) cases.push_back(e.path());
+    }
+    ASSERT_FALSE(cases.empty());
+    std::sort(cases.begin(), cases.end());
+    const auto request = xfuser::testing::reference_case_request(cases.front());
+    const auto& spec = xfuser::models::ModelRegistry::for_pipeline_folder(folder);
+    xfuser::models::ModelLoadOptions options;
+    options.device = device;
+    const int64_t base = xfuser::testing::checked_device_allocated_bytes();
+    // kept: what a model keeps on the device after a generation besides its weights (tables
+    // cached for the next generation of the same size).
+    int64_t weights = 0, activations = 0, kept = 0;
+    {
+      auto plain = spec.create(spec);
+      plain->load(folder, options);
+      weights = xfuser::testing::checked_device_allocated_bytes() - base;
+      xfuser::testing::checked_device_reset_peak();
+      const int64_t before = xfuser::testing::checked_device_allocated_bytes();
+      {
+        const auto out = plain->generate(request);
+        kept = xfuser::testing::checked_device_allocated_bytes() - before -
+               static_cast<int64_t>(out.latents.nbytes());
+      }
+      activations = xfuser::testing::checked_device_peak_bytes() - before;
+    }
+    for (const auto mode : {OffloadMode::kModel, OffloadMode::kSequential}) {
+      SCOPED_TRACE(xfuser::models::offload_mode_name(mode));
+      auto model = spec.create(spec);
+      options.offload = mode;
+      model->load(folder, options);
+      const int64_t after_load = xfuser::testing::checked_device_allocated_bytes() - base;
+      xfuser::testing::checked_device_reset_peak();
+      const int64_t before = xfuser::testing::checked_device_allocated_bytes();
+      int64_t left = 0;
+      {
+        const auto out = model->generate(request);
+        left = xfuser::testing::checked_device_allocated_bytes() - before -
+               static_cast<int64_t>(out.latents.nbytes());
+      }
+      const int64_t peak = xfuser::testing::checked_device_peak_bytes() - before;
+      const auto s = model->offloader()->stats();
+      std::printf(
+          "%s, %s offload: weights %lld bytes, activations %lld; device after loading "
+          "%lld, at the peak %lld (bound %lld + activations %lld), kept %lld (without "
+          "offload %lld)\n",
+          name.c_str(), xfuser::models::offload_mode_name(mode), static_cast<long long>(weights),
+          static_cast<long long>(activations), static_cast<long long>(after_load),
+          static_cast<long long>(peak), static_cast<long long>(s.bound_bytes),
+          static_cast<long long>(activations), static_cast<long long>(left),
+          static_cast<long long>(kept));
+      EXPECT_LT(after_load, weights / 10) << "the weights went to the device while loading";
+      EXPECT_LE(peak, s.bound_bytes + activations);
+      EXPECT_LE(left, kept) << "weights left on the device after the generation";
+    }
+  }
+}
 
 std::string case_test_name(const ::testing::TestParamInfo<Case>& info) {
   return xfuser::testing::gtest_name(info.param.name);

@@ -29,8 +29,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::ValuesIn(xfuser::testing::committed_tiny_pipelines()),
                        ::testing::Values(OffloadMode::kModel, OffloadMode::kSequential)),
     [](const auto& info) {
-      return xfuser::testing::gtest_name(std::get<0>(info.param) + "_" +
-                                         xfuser::models::offload_mode_name(std::get<1>(info.param)));
+      return xfuser::testing::gtest_name(
+          std::get<0>(info.param) + "_" +
+          xfuser::models::offload_mode_name(std::get<1>(info.param)));
     });
 
 }  // namespace

@@ -29,8 +29,8 @@ struct OffloadGroup {
   };
   std::vector<Entry> entries;
   int64_t bytes = 0;
-  bool resident = false;  // device copies exist or are being made
-  bool in_use = false;    // resident, copied, and the group its component uses now
+  bool resident = false;              // device copies exist or are being made
+  bool in_use = false;                // resident, copied, and the group its component uses now
   std::unique_ptr<c10::Event> ready;  // recorded on the side stream after a prefetch's copies
 };
 
@@ -137,12 +137,16 @@ void Offloader::add_component(const std::string& name, std::shared_ptr<Module> m
   OffloadGroup* rest = new_group(name, false);
   std::map<std::pair<int, int64_t>, OffloadGroup*> blocks;
 
-  // A host copy: the tensor itself when it is in host memory already; pinned (page-locked) for
-  // a CUDA device, so that copies to it are asynchronous DMA.
+  // A host copy: the tensor itself when it is in host memory already (and the device is the
+  // CPU: the very tensors a run without offload computes with); for another device contiguous,
+  // as loading to a device makes them (backends::DeviceUploader), and pinned (page-locked) for
+  // CUDA, so that copies from it are asynchronous DMA.
   auto host = [&](const at::Tensor& t) {
     if (!t.defined()) return t;
     at::Tensor h = t.device().is_cpu() ? t : t.to(at::kCPU);
-    if (device_.is_cuda() && !h.is_pinned()) h = h.contiguous().pin_memory();
+    if (device_.is_cpu()) return h;
+    h = h.contiguous();
+    if (device_.is_cuda() && !h.is_pinned()) h = h.pin_memory();
     return h;
   };
   for (auto& [pname, slot] : module->named_parameters()) {
@@ -155,8 +159,7 @@ void Offloader::add_component(const std::string& name, std::shared_ptr<Module> m
       if (key.first >= 0) {
         auto& b = blocks[key];
         if (!b) {
-          b = new_group(name + ": " + block_prefixes[key.first] + std::to_string(key.second),
-                        true);
+          b = new_group(name + ": " + block_prefixes[key.first] + std::to_string(key.second), true);
         }
         g = b;
       }
@@ -199,8 +202,7 @@ void Offloader::add_component(const std::string& name, std::shared_ptr<Module> m
     stats_.bound_bytes = std::max(stats_.bound_bytes, comp->bytes);
   } else {
     stats_.largest_block_bytes = std::max(stats_.largest_block_bytes, largest_block);
-    stats_.largest_resident_part_bytes =
-        std::max(stats_.largest_resident_part_bytes, rest->bytes);
+    stats_.largest_resident_part_bytes = std::max(stats_.largest_resident_part_bytes, rest->bytes);
     stats_.bound_bytes = std::max(stats_.bound_bytes, rest->bytes + largest_block + second_block);
     stats_.streamed_bound_bytes =
         std::max(stats_.streamed_bound_bytes, rest->bytes + largest_block + second_block);

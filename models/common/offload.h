@@ -42,10 +42,10 @@ const char* offload_mode_name(OffloadMode mode);
 // What the offload did in one process, in parameter bytes (fp8 values and scales count as
 // they are held).
 struct OffloadStats {
-  int64_t onloads = 0;               // groups copied to the device
-  int64_t onload_bytes = 0;          // bytes copied to the device, in all
-  int64_t resident_bytes = 0;        // on the device now (resident or being copied)
-  int64_t peak_resident_bytes = 0;   // the most at any time
+  int64_t onloads = 0;              // groups copied to the device
+  int64_t onload_bytes = 0;         // bytes copied to the device, in all
+  int64_t resident_bytes = 0;       // on the device now (resident or being copied)
+  int64_t peak_resident_bytes = 0;  // the most at any time
   int64_t largest_component_bytes = 0;
   // Sequential offload: the largest streamed block, and the largest part of a streamed
   // component outside its blocks (0 in model offload).

@@ -116,7 +116,9 @@ at::Tensor GroupNorm::forward(const at::Tensor& x, const SpatialContext* ctx) co
            ", H, W], got ", shape_string(x.sizes()));
   const at::Tensor w = weight_->value().to(at::kFloat);
   const at::Tensor b = bias_->value().to(at::kFloat);
-  at::Tensor xf = x.to(at::kFloat);  // [B, C, H, W] fp32
+  // [B, C, H, W] fp32, contiguous: libtorch's composite group_norm (the kernel of devices without
+  // their own, as the checked device on libtorch 2.11) views its input.
+  at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor y;
   if (ctx == nullptr) {
     y = at::group_norm(xf, groups_, w, b, eps_);
