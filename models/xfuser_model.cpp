@@ -85,7 +85,6 @@ void XFuserModel::load(const std::filesystem::path& pipeline_dir, const ModelLoa
     offloader_ = std::make_unique<Offloader>(options.offload, options.device);
   }
   load_components(pipeline_dir, options);
-  load_options_ = options;
   // The overridable ops, through the backend contract (compile -> override -> eager).
   backends::Backend& backend = backends::backend_for("cpu");
   const size_t before = backend.timeline().size();

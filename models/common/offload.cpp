@@ -26,6 +26,16 @@ struct OffloadGroup {
     at::Tensor host;        // the parameter in host memory (slot->tensor)
     at::Tensor host_data;   // or its fp8 values
     at::Tensor host_scale;  // and scales (undefined for fp8 storage)
+    // Points the slot at these tensors (the device copies, or the host ones).
+    void point_at(at::Tensor t, at::Tensor data, at::Tensor scale) const {
+      if (slot->fp8) {
+        slot->fp8->data = std::move(data);
+        slot->fp8->scale = std::move(scale);
+      } else {
+        slot->tensor = std::move(t);
+      }
+    }
+    void point_at_host() const { point_at(host, host_data, host_scale); }
   };
   std::vector<Entry> entries;
   int64_t bytes = 0;
@@ -103,12 +113,7 @@ Offloader::~Offloader() {
       if (g->ready) wait(*g);
       for (auto& e : g->entries) {
         e.slot->offload = nullptr;
-        if (e.slot->fp8) {
-          e.slot->fp8->data = e.host_data;
-          e.slot->fp8->scale = e.host_scale;
-        } else {
-          e.slot->tensor = e.host;
-        }
+        e.point_at_host();
       }
     }
   }
@@ -253,14 +258,6 @@ void Offloader::onload(OffloadGroup& g, bool prefetch) {
   g.resident = true;
   g.in_use = false;
   if (device_.is_cpu()) return;  // the host tensors are the device's
-  auto set = [](OffloadGroup::Entry& e, at::Tensor t, at::Tensor data, at::Tensor scale) {
-    if (e.slot->fp8) {
-      e.slot->fp8->data = std::move(data);
-      e.slot->fp8->scale = std::move(scale);
-    } else {
-      e.slot->tensor = std::move(t);
-    }
-  };
   if (prefetch && streams_) {
     // The device memory is allocated on the compute stream, so the caching allocator reuses it
     // in that stream's order; the side stream copies into it once the compute stream has
@@ -292,7 +289,7 @@ void Offloader::onload(OffloadGroup& g, bool prefetch) {
       g.ready->record(side_->stream);
     }
     for (size_t i = 0; i < g.entries.size(); ++i) {
-      set(g.entries[i], dev[i][0], dev[i][1], dev[i][2]);
+      g.entries[i].point_at(dev[i][0], dev[i][1], dev[i][2]);
     }
     return;
   }
@@ -304,7 +301,7 @@ void Offloader::onload(OffloadGroup& g, bool prefetch) {
                        : h;
   };
   for (auto& e : g.entries) {
-    set(e, to_device(e.host), to_device(e.host_data), to_device(e.host_scale));
+    e.point_at(to_device(e.host), to_device(e.host_data), to_device(e.host_scale));
   }
 }
 
@@ -319,14 +316,7 @@ void Offloader::offload(OffloadGroup& g) {
   if (!g.resident) return;
   // A copy still in flight must finish before its memory can be freed and reused.
   wait(g);
-  for (auto& e : g.entries) {
-    if (e.slot->fp8) {
-      e.slot->fp8->data = e.host_data;
-      e.slot->fp8->scale = e.host_scale;
-    } else {
-      e.slot->tensor = e.host;
-    }
-  }
+  for (const auto& e : g.entries) e.point_at_host();
   g.resident = false;
   g.in_use = false;
   stats_.resident_bytes -= g.bytes;
