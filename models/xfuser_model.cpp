@@ -19,6 +19,7 @@
 #include "models/common/kernels.h"
 #include "models/registry.h"
 #include "models/weights/component_folder.h"
+#include "parallel/process_groups.h"
 #include "profiling/trace.h"
 
 namespace xfuser::models {
@@ -71,6 +72,9 @@ double timed(const c10::Device& device, F&& f) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// The VAE is never sharded (as xDiT): it runs once per generation, on every rank.
+bool is_vae(const std::string& component) { return component.rfind("vae", 0) == 0; }
+
 }  // namespace
 
 XFuserModel::XFuserModel(const ModelSpec& spec) : spec_(spec) {}
@@ -80,9 +84,19 @@ void XFuserModel::load(const std::filesystem::path& pipeline_dir, const ModelLoa
   XF_CONTEXT("loading ", spec_.id, " from ", pipeline_dir.string());
   c10::InferenceMode guard;
   offloader_.reset();
+  fsdp_.reset();
   load_options_ = options;
   if (options.offload != OffloadMode::kNone) {
     offloader_ = std::make_unique<Offloader>(options.offload, options.device);
+  }
+  if (options.fsdp) {
+    XF_CHECK(options.offload == OffloadMode::kNone,
+             "--use_fsdp with CPU offload is not supported: each keeps the weights off the "
+             "device its own way; use one of them");
+    XF_CHECK(groups_ && groups_->fsdp(),
+             "--use_fsdp needs the process groups' fsdp group (ProcessGroups::create_fsdp_group) "
+             "before load");
+    fsdp_ = std::make_unique<FsdpSharder>(*groups_->fsdp(), options.device);
   }
   load_components(pipeline_dir, options);
   // The overridable ops, through the backend contract (compile -> override -> eager).
@@ -108,16 +122,20 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
   KernelScope kernel_scope(kernels_.get());
   // Under CPU offload every component leaves the device at the end, also of a failed
   // generation (diffusers' maybe_free_model_hooks).
+  // Under FSDP every gathered group returns to shards at the end, and the gathers' identities
+  // are checked (on success: a mismatch is an error of its own).
   struct OffloadAll {
     Offloader* offloader;
+    FsdpSharder* fsdp;
     ~OffloadAll() {
       try {
         if (offloader) offloader->offload_all();
+        if (fsdp) fsdp->release_all();
       } catch (const std::exception&) {
         // A failure here follows the generation's own error, which is the one to report.
       }
     }
-  } offload_all{offloader_.get()};
+  } offload_all{offloader_.get(), fsdp_.get()};
   XF_SPAN("stage", "generate");
   GenerationOutput out;
   const c10::Device device = load_options_.device;
@@ -149,6 +167,7 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
     XF_SPAN("stage", "decode");
     out.timings.push_back({"decode", -1, timed(device, [&] { decode(*state); })});
   }
+  if (fsdp_) fsdp_->release_all();
   // Images [B, H, W, 3]; videos [B, F, H, W, 3].
   const int64_t dims = spec_.defaults.num_frames > 0 ? 5 : 4;
   XF_CHECK(state->images.defined() && state->images.dim() == dims, spec_.id,
@@ -163,13 +182,21 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
 
 void XFuserModel::register_component(const std::string& name, std::shared_ptr<Module> component,
                                      const std::vector<std::string>& block_prefixes) {
-  if (offloader_) offloader_->add_component(name, std::move(component), block_prefixes);
+  if (offloader_) offloader_->add_component(name, component, block_prefixes);
+  if (fsdp_ && !is_vae(name)) fsdp_->add_component(name, component, block_prefixes);
+}
+
+LoadOptions XFuserModel::component_load_options(const std::string& name) const {
+  LoadOptions options;
+  options.device = load_options_.weights_device();
+  if (fsdp_ && !is_vae(name)) fsdp_->configure(options);
+  return options;
 }
 
 std::shared_ptr<Component> XFuserModel::load_pipeline_component(
     const std::filesystem::path& pipeline_dir, const std::string& name, c10::ScalarType dtype) {
   auto component =
-      load_component((pipeline_dir / name).string(), dtype, load_options_.weights_device());
+      load_component((pipeline_dir / name).string(), dtype, component_load_options(name));
   register_component(name, component);
   return component;
 }

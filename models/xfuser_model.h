@@ -26,6 +26,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "backends/backend.h"
+#include "models/common/fsdp.h"
 #include "models/common/module.h"
 #include "models/common/offload.h"
 
@@ -110,6 +111,9 @@ struct ModelLoadOptions {
   // weights load into host memory and `device` computes, each component (sequential: each
   // transformer block) copied there while it is used.
   OffloadMode offload = OffloadMode::kNone;
+  // --use_fsdp (models/common/fsdp.h): every component but the VAE is sharded over the process
+  // groups' fsdp group (created before load), each rank reading only its rows.
+  bool fsdp = false;
   // Where the weights are read to: the host under offload, else `device`.
   c10::Device weights_device() const {
     return offload == OffloadMode::kNone ? device : c10::Device(c10::kCPU);
@@ -134,6 +138,8 @@ class XFuserModel {
   const ModelLoadOptions& load_options() const { return load_options_; }
   // The offloader of a run with CPU offload (null without).
   const Offloader* offloader() const { return offloader_.get(); }
+  // The sharder of a run with FSDP (null without).
+  const FsdpSharder* fsdp() const { return fsdp_.get(); }
   // What load() chose for every overridable op and why (compile -> override -> eager).
   const std::vector<backends::BackendTimelineEntry>& backend_timeline() const {
     return backend_timeline_;
@@ -181,7 +187,10 @@ class XFuserModel {
   // sequential offload.
   void register_component(const std::string& name, std::shared_ptr<Module> component,
                           const std::vector<std::string>& block_prefixes = {});
-  // load_component(pipeline_dir / name) in `dtype` onto the load options' weights device, and
+  // The loader options of component `name` (its folder name): the weights device, and FSDP's
+  // row sharding for every component but the VAE.
+  LoadOptions component_load_options(const std::string& name) const;
+  // load_component(pipeline_dir / name) in `dtype` with component_load_options(name), and
   // registered.
   std::shared_ptr<Component> load_pipeline_component(const std::filesystem::path& pipeline_dir,
                                                      const std::string& name,
@@ -195,6 +204,7 @@ class XFuserModel {
   std::shared_ptr<parallel::ProcessGroups> groups_;
   std::unique_ptr<KernelTable> kernels_;
   std::unique_ptr<Offloader> offloader_;
+  std::unique_ptr<FsdpSharder> fsdp_;
   std::vector<backends::BackendTimelineEntry> backend_timeline_;
 };
 

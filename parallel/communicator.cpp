@@ -39,6 +39,37 @@ std::unique_ptr<Work> Communicator::isend(const at::Tensor&, int, Tag) { unsuppo
 std::unique_ptr<Work> Communicator::irecv(at::Tensor&, int, Tag) { unsupported("irecv"); }
 std::unique_ptr<Work> Communicator::batch_p2p(std::vector<P2POp>) { unsupported("batch_p2p"); }
 void Communicator::barrier() { unsupported("barrier"); }
+
+void check_gather_pairs(const Communicator& comm, const std::vector<at::Tensor>& inputs,
+                        const std::vector<at::Tensor>& outputs) {
+  XF_CHECK(inputs.size() == outputs.size(), "all_gather_into on group '", comm.name(),
+           "': ", inputs.size(), " inputs but ", outputs.size(), " outputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& in = inputs[i];
+    const at::Tensor& out = outputs[i];
+    XF_CHECK(in.defined() && out.defined() && in.is_contiguous() && out.is_contiguous(),
+             "all_gather_into on group '", comm.name(), "', pair ", i,
+             ": input and output must be defined and contiguous");
+    XF_CHECK(out.numel() == in.numel() * comm.size() && out.scalar_type() == in.scalar_type() &&
+                 out.device() == in.device(),
+             "all_gather_into on group '", comm.name(), "', pair ", i, ": output of ", out.numel(),
+             " ", out.scalar_type(), " elements on ", out.device().str(), " for an input of ",
+             in.numel(), " ", in.scalar_type(), " elements on ", in.device().str(), " (needs ",
+             comm.size(),
+             " times the input's elements, same "
+             "dtype and device)");
+  }
+}
+
+std::unique_ptr<Work> Communicator::all_gather_into(const std::vector<at::Tensor>& inputs,
+                                                    const std::vector<at::Tensor>& outputs) {
+  check_gather_pairs(*this, inputs, outputs);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    at::Tensor out = outputs[i];
+    out.view({-1}).copy_(all_gather(inputs[i].view({-1}), 0));
+  }
+  return std::make_unique<CompletedWork>();
+}
 std::unique_ptr<Communicator> Communicator::split(int, int, const std::string&) {
   unsupported("split");
 }

@@ -62,6 +62,13 @@ class Work {
   virtual bool test() = 0;
 };
 
+// A Work that completed when it was made.
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
 // One operation of a grouped point-to-point exchange (Communicator::batch_p2p). A send reads
 // `tensor`; a receive writes it in place (its shape and dtype give the message size).
 struct P2POp {
@@ -111,6 +118,15 @@ class Communicator {
   // timeout throws naming the group, and the operations and peers that did not complete.
   // An empty batch returns a completed Work.
   virtual std::unique_ptr<Work> batch_p2p(std::vector<P2POp> ops);
+  // Starts gathering every member's `inputs[i]` (contiguous; same dtype and element count on
+  // every member) into `outputs[i]` (contiguous, size() times as many elements, rank order),
+  // all pairs as one operation; the outputs hold the result once the Work's wait() returned.
+  // Counted as one "all_gather" call per pair. MPI posts non-blocking gathers (they progress
+  // whenever the process enters MPI, and in wait()); NCCL enqueues them on its stream and
+  // wait() orders the compute stream after them. The default gathers at once and returns a
+  // completed Work. The inputs and outputs must stay untouched until the Work completes.
+  virtual std::unique_ptr<Work> all_gather_into(const std::vector<at::Tensor>& inputs,
+                                                const std::vector<at::Tensor>& outputs);
   virtual void barrier();
   // A sub-group of the members with the same `color`, ordered by (key, rank); `name` names it.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name);
@@ -130,5 +146,9 @@ class Communicator {
  private:
   std::map<std::string, OpStats> stats_;
 };
+
+// Checks the pairs of an all_gather_into (counts, dtypes, devices, contiguity), naming the pair.
+void check_gather_pairs(const Communicator& comm, const std::vector<at::Tensor>& inputs,
+                        const std::vector<at::Tensor>& outputs);
 
 }  // namespace xfuser::parallel

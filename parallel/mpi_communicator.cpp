@@ -201,6 +201,71 @@ class MpiWork : public Work {
   bool done_ = false;
 };
 
+// The gathers of one all_gather_into, posted as MPI_Iallgather on raw bytes and waited for
+// together under one deadline.
+class MpiGatherWork : public Work {
+ public:
+  MpiGatherWork(MpiCommunicator* comm, std::vector<MPI_Request> requests,
+                std::vector<at::Tensor> keep, std::vector<int64_t> pair_bytes)
+      : comm_(comm),
+        requests_(std::move(requests)),
+        keep_(std::move(keep)),
+        pair_bytes_(std::move(pair_bytes)) {}
+
+  ~MpiGatherWork() override {
+    if (done_ || requests_.empty()) return;
+    int flag = 0;
+    if (MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                    MPI_STATUSES_IGNORE) == MPI_SUCCESS &&
+        flag) {
+      return;
+    }
+    // MPI may still write the outputs: keep them for the rest of the process; the collective
+    // sequence of the group is broken (the members would disagree on the next one).
+    park(requests_, keep_);
+    if (comm_->broken_.empty()) comm_->broken_ = "all_gather_into (a pending Work was dropped)";
+  }
+
+  void wait() override {
+    if (done_) return;
+    profiling::Span span("comm", "wait all_gather");
+    int64_t bytes = 0;
+    for (int64_t b : pair_bytes_) bytes += b;
+    comm_->trace_args(span, bytes);
+    const auto start = Clock::now();
+    comm_->wait_requests(requests_, keep_, "all_gather", bytes, -1, start + comm_->timeout_);
+    finish(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    XF_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                             MPI_STATUSES_IGNORE),
+                 "all_gather on group '", comm_->name_, "'");
+    if (flag) {
+      requests_.clear();
+      finish(0.0);
+    }
+    return done_;
+  }
+
+ private:
+  void finish(double seconds) {
+    done_ = true;
+    requests_.clear();
+    keep_.clear();
+    const double share = pair_bytes_.empty() ? 0.0 : seconds / pair_bytes_.size();
+    for (int64_t b : pair_bytes_) comm_->count("all_gather", b, share);
+  }
+
+  MpiCommunicator* comm_;
+  std::vector<MPI_Request> requests_;
+  std::vector<at::Tensor> keep_;
+  std::vector<int64_t> pair_bytes_;
+  bool done_ = false;
+};
+
 // The operations of one batch_p2p, waited for together under one deadline.
 class MpiBatchWork : public Work {
  public:
@@ -426,6 +491,41 @@ at::Tensor MpiCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
   at::Tensor out = d == 0 ? buf.view(out_sizes) : buf.movedim(0, d).reshape(out_sizes);
   count(kOp, bytes, std::chrono::duration<double>(Clock::now() - start).count());
   return out;
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_gather_into(const std::vector<at::Tensor>& inputs,
+                                                       const std::vector<at::Tensor>& outputs) {
+  static constexpr const char* kOp = "all_gather";
+  profiling::Span span("comm", "post all_gather");
+  check_usable(kOp);
+  check_gather_pairs(*this, inputs, outputs);
+  std::vector<int64_t> pair_bytes;
+  std::vector<at::Tensor> keep;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    // Raw bytes travel: any dtype (fp8 included) needs only dense host memory.
+    XF_CHECK(inputs[i].device().is_cpu() && outputs[i].device().is_cpu(), kOp, " on group '", name_,
+             "': the MPI communicator needs CPU tensors, pair ", i, " is on ",
+             inputs[i].device().str());
+    const int64_t n = nbytes(inputs[i]);
+    XF_CHECK(n <= max_elements_, kOp, " on group '", name_, "': ", n, " bytes per rank (pair ", i,
+             ") exceed the MPI count limit of ", max_elements_, "; gather smaller pieces");
+    pair_bytes.push_back(n * (size_ - 1));
+    keep.push_back(inputs[i]);
+    keep.push_back(outputs[i]);
+  }
+  int64_t bytes = 0;
+  for (int64_t b : pair_bytes) bytes += b;
+  trace_args(span, bytes);
+  if (span) span.arg("pairs", static_cast<int64_t>(inputs.size()));
+  std::vector<MPI_Request> requests(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int n = static_cast<int>(nbytes(inputs[i]));
+    XF_MPI_CHECK(MPI_Iallgather(inputs[i].data_ptr(), n, MPI_BYTE, outputs[i].data_ptr(), n,
+                                MPI_BYTE, comm_, &requests[i]),
+                 kOp, " on group '", name_, "', pair ", i, " of ", n, " bytes");
+  }
+  return std::make_unique<MpiGatherWork>(this, std::move(requests), std::move(keep),
+                                         std::move(pair_bytes));
 }
 
 at::Tensor MpiCommunicator::all_to_all(const at::Tensor& input) {

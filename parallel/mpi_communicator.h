@@ -64,6 +64,8 @@ class MpiCommunicator : public Communicator {
   // Posts every isend/irecv, then one Work waits for all (MpiCommunicator::batch_p2p in the .cpp
   // names the operations and peers still pending at a timeout).
   std::unique_ptr<Work> batch_p2p(std::vector<P2POp> ops) override;
+  std::unique_ptr<Work> all_gather_into(const std::vector<at::Tensor>& inputs,
+                                        const std::vector<at::Tensor>& outputs) override;
   void barrier() override;
   // Collective over all members; the (color, key) exchange is bounded by the timeout.
   // color must be >= 0. The sub-communicator inherits the timeout.
@@ -82,6 +84,7 @@ class MpiCommunicator : public Communicator {
  private:
   friend class MpiWork;
   friend class MpiBatchWork;
+  friend class MpiGatherWork;
 
   MpiCommunicator(MPI_Comm comm, std::string name, std::chrono::milliseconds timeout,
                   std::vector<int> world_ranks, int64_t max_elements);

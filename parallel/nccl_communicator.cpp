@@ -332,6 +332,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Work> isend(const at::Tensor& tensor, int dst, Tag tag) override;
   std::unique_ptr<Work> irecv(at::Tensor& tensor, int src, Tag tag) override;
   std::unique_ptr<Work> batch_p2p(std::vector<P2POp> ops) override;
+  std::unique_ptr<Work> all_gather_into(const std::vector<at::Tensor>& inputs,
+                                        const std::vector<at::Tensor>& outputs) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
   // Counts come in as operations complete (CUDA-event times, on the watchdog thread): both wait
@@ -689,6 +691,49 @@ at::Tensor NcclCommunicator::all_gather(const at::Tensor& tensor, int64_t dim) {
     return flat.view(shape);
   }
   return at::cat(parts.unbind(0), dim);  // on the compute stream, ordered after the gather
+}
+
+// The pairs as one NCCL group of all-gathers on raw bytes (any dtype, fp8 included), enqueued on
+// the communicator's stream after the compute stream's work so far; the compute stream waits
+// for them in wait(), so the gathers overlap the kernels queued in between.
+std::unique_ptr<Work> NcclCommunicator::all_gather_into(const std::vector<at::Tensor>& inputs,
+                                                        const std::vector<at::Tensor>& outputs) {
+  check_gather_pairs(*this, inputs, outputs);
+  int64_t bytes = 0;
+  Calls calls;
+  for (const auto& in : inputs) {
+    calls.push_back({"all_gather", nbytes(in) * (size() - 1)});
+    bytes += calls.back().second;
+  }
+  const std::string what =
+      describe("all_gather", bytes) + " (" + std::to_string(inputs.size()) + " tensors)";
+  profiling::Span span("comm", "post all_gather");
+  trace_args(span, bytes);
+  XF_CONTEXT(what);
+  check_usable(what);
+  std::vector<at::Tensor> keep;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], what);
+    check_tensor(outputs[i], what);
+    keep.push_back(inputs[i]);
+    keep.push_back(outputs[i]);
+  }
+  DeviceGuard guard(device_);
+  std::lock_guard<std::recursive_mutex> lock(comm_mutex_);
+  auto pending = begin(what);
+  {
+    NcclGroup group;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      XF_NCCL_CHECK_ASYNC(
+          *this,
+          ncclAllGather(inputs[i].data_ptr(), outputs[i].data_ptr(),
+                        static_cast<size_t>(nbytes(inputs[i])), ncclUint8, comm_, stream_),
+          what);
+    }
+    XF_NCCL_CHECK_ASYNC(*this, group.end(), what);
+  }
+  enqueued(pending, std::move(keep), what, std::move(calls), /*ordered_later=*/true);
+  return std::make_unique<NcclWork>(*this, pending, what);
 }
 
 at::Tensor NcclCommunicator::all_to_all(const at::Tensor& input) {

@@ -38,6 +38,22 @@ ProcessGroups::ProcessGroups(const WorldConfig& config, std::shared_ptr<Communic
   }
 }
 
+void ProcessGroups::create_fsdp_group() {
+  if (fsdp_) return;
+  XF_CONTEXT("creating the fsdp group of rank ", world_->rank());
+  std::vector<int> members;
+  std::string name = "fsdp[";
+  for (int r = 0; r < config_.world_size(); ++r) {
+    const RankCoords c = config_.coords(r);
+    if (c.tp != coords_.tp || c.pp != coords_.pp || c.dp != coords_.dp) continue;
+    name += (members.empty() ? "" : ",") + std::to_string(r);
+    members.push_back(r);
+  }
+  fsdp_ = world_->split(members.front(), world_->rank(), name + "]");
+  XF_CHECK(fsdp_->size() == static_cast<int>(members.size()), "group '", fsdp_->name(),
+           "' came out with ", fsdp_->size(), " ranks, expected ", members.size());
+}
+
 Communicator& ProcessGroups::group(MeshDim dim) const { return *groups_.at(dim); }
 
 std::map<std::string, std::map<std::string, OpStats>> ProcessGroups::stats() const {
@@ -47,6 +63,7 @@ std::map<std::string, std::map<std::string, OpStats>> ProcessGroups::stats() con
     if (!comm->stats().empty()) out[comm->name()] = comm->stats();
   }
   if (!replica_->stats().empty()) out[replica_->name()] = replica_->stats();
+  if (fsdp_ && !fsdp_->stats().empty()) out[fsdp_->name()] = fsdp_->stats();
   return out;
 }
 
@@ -54,6 +71,7 @@ void ProcessGroups::reset_stats() {
   world_->reset_stats();
   for (auto& [dim, comm] : groups_) comm->reset_stats();
   replica_->reset_stats();
+  if (fsdp_) fsdp_->reset_stats();
 }
 
 }  // namespace xfuser::parallel

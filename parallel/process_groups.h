@@ -37,6 +37,14 @@ class ProcessGroups {
   // product of the tp, sp, pp and cfg groups), ordered by world rank; named "replica[0,1,..]".
   // The patch-parallel VAE splits its decode over it.
   Communicator& replica() const { return *replica_; }
+  // FSDP (--use_fsdp): the ranks that hold the same weights and run every forward together,
+  // those with this rank's tp, pp and dp coordinates (the product of the ulysses, ring and cfg
+  // groups), ordered by world rank; named "fsdp[0,1,..]". Data-parallel groups run different
+  // prompts (a different number of forwards), so each keeps its own sharded copy: sharded
+  // within a generation's ranks, replicated across data-parallel groups. Created by
+  // create_fsdp_group() (collective over the world); null before.
+  void create_fsdp_group();
+  Communicator* fsdp() const { return fsdp_.get(); }
   Communicator& group(MeshDim dim) const;
 
   // Run-report counters: group name -> operation -> OpStats, for the world and every group that
@@ -50,6 +58,7 @@ class ProcessGroups {
   std::shared_ptr<Communicator> world_;
   std::map<MeshDim, std::unique_ptr<Communicator>> groups_;
   std::unique_ptr<Communicator> replica_;
+  std::unique_ptr<Communicator> fsdp_;
 };
 
 }  // namespace xfuser::parallel

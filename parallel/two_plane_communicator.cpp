@@ -178,6 +178,30 @@ std::unique_ptr<Work> TwoPlaneCommunicator::batch_p2p(std::vector<P2POp> ops) {
   });
 }
 
+std::unique_ptr<Work> TwoPlaneCommunicator::all_gather_into(
+    const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+  check_gather_pairs(*this, inputs, outputs);
+  if (inputs.empty()) return std::make_unique<CompletedWork>();
+  Communicator* dev = plane_for(inputs[0]);
+  bool host = on_host(inputs[0]);
+  for (const auto& t : inputs) {
+    XF_CHECK(plane_for(t) == dev && on_host(t) == host, "all_gather_into on group '", name(),
+             "': the pairs mix devices (one operation travels on one plane)");
+  }
+  if (dev != nullptr) return dev->all_gather_into(inputs, outputs);
+  if (host) return host_->all_gather_into(inputs, outputs);
+  // Staged: the inputs' host copies gathered into host buffers, copied back on completion.
+  std::vector<at::Tensor> host_in, host_out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    host_in.push_back(host_copy(inputs[i]));
+    host_out.push_back(host_buffer(outputs[i]));
+  }
+  auto inner = host_->all_gather_into(host_in, host_out);
+  return std::make_unique<StagedWork>(std::move(inner), [outputs, host_in, host_out]() mutable {
+    for (size_t i = 0; i < outputs.size(); ++i) outputs[i].copy_(host_out[i]);
+  });
+}
+
 void TwoPlaneCommunicator::barrier() { host_->barrier(); }
 
 std::unique_ptr<Communicator> TwoPlaneCommunicator::split(int color, int key,

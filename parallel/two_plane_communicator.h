@@ -45,6 +45,8 @@ class TwoPlaneCommunicator final : public Communicator {
   std::unique_ptr<Work> isend(const at::Tensor& tensor, int dst, Tag tag = Tag::kGeneric) override;
   std::unique_ptr<Work> irecv(at::Tensor& tensor, int src, Tag tag = Tag::kGeneric) override;
   std::unique_ptr<Work> batch_p2p(std::vector<P2POp> ops) override;
+  std::unique_ptr<Work> all_gather_into(const std::vector<at::Tensor>& inputs,
+                                        const std::vector<at::Tensor>& outputs) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
 

@@ -2,7 +2,6 @@
 
 #include <charconv>
 #include <cmath>
-#include <set>
 
 #include <CLI/CLI.hpp>
 
@@ -10,15 +9,6 @@
 #include "models/schedulers/scheduler_config.h"
 
 namespace xfuser::runner {
-namespace {
-
-// Flags accepted by the parser whose feature lands in a later issue. Using one is an error.
-const std::set<std::string>& not_yet_supported() {
-  static const std::set<std::string> flags = {"--use_fsdp"};
-  return flags;
-}
-
-}  // namespace
 
 void add_run_flags(CLI::App& app, RunConfig& c) {
   const char* kModel = "Model selection";
@@ -52,7 +42,11 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
       ->capture_default_str();
   app.add_flag("--use_cfg_parallel", c.use_cfg_parallel, "Enable CFG parallel")->group(kPar);
   app.add_flag("--use_parallel_vae", c.use_parallel_vae, "Enable parallel VAE")->group(kPar);
-  app.add_flag("--use_fsdp", c.use_fsdp, "Enable FSDP")->group(kPar);
+  app.add_flag("--use_fsdp", c.use_fsdp,
+               "Shard the weights of every component but the VAE over the ranks that run a "
+               "generation together (Ulysses x ring x CFG); each block gathered just before it "
+               "runs")
+      ->group(kPar);
   app.add_option("--num_pipeline_patch", c.num_pipeline_patch,
                  "PipeFusion patches (default: the pipeline degree)")
       ->group(kPar);
@@ -206,15 +200,6 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_option("--log_level", c.log_level, "trace, debug, info, warn or error")
       ->group("Logging")
       ->capture_default_str();
-}
-
-std::vector<std::string> unsupported_flags_used(const CLI::App& app) {
-  std::vector<std::string> used;
-  for (const auto& name : not_yet_supported()) {
-    const CLI::Option* opt = app.get_option_no_throw(name);
-    if (opt && opt->count() > 0) used.push_back(name);
-  }
-  return used;
 }
 
 std::string check_seed_text(const std::string& text) {

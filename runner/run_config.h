@@ -103,10 +103,6 @@ struct RunConfig {
 // Declares every flag on `app`, bound to `config`, grouped like xDiT's tables.
 void add_run_flags(CLI::App& app, RunConfig& config);
 
-// The flags given on the command line whose feature is not implemented yet: each is an error
-// ("--x is not supported yet"), never silently ignored. Returns the offending flag names.
-std::vector<std::string> unsupported_flags_used(const CLI::App& app);
-
 // Upper bounds of values no run needs more of (the error gives the limit). Memory is estimated
 // per model before loading (runner::check_before_loading); these catch absurd values first.
 struct Limits {

@@ -460,6 +460,29 @@ ResolvedArgs Runner::preprocess_args() const {
            "time): give one");
   if (c.enable_model_cpu_offload) args.offload = models::OffloadMode::kModel;
   if (c.enable_sequential_cpu_offload) args.offload = models::OffloadMode::kSequential;
+  if (c.use_fsdp) {
+    // FSDP shards over the ranks that run each forward together; the other dimensions either
+    // split the weights already or run different forwards.
+    XF_CHECK(c.tensor_parallel_degree <= 1, "--use_fsdp with --tensor_parallel_degree ",
+             c.tensor_parallel_degree,
+             " is not supported: FSDP shards whole weights; use Ulysses, ring or CFG parallelism "
+             "with FSDP");
+    XF_CHECK(c.pipefusion_parallel_degree <= 1, "--use_fsdp with --pipefusion_parallel_degree ",
+             c.pipefusion_parallel_degree,
+             " is not supported: a PipeFusion stage holds only its own blocks already; use "
+             "Ulysses, ring or CFG parallelism with FSDP");
+    XF_CHECK(args.offload == models::OffloadMode::kNone, "--use_fsdp with --enable_",
+             models::offload_mode_name(args.offload),
+             "_cpu_offload is not supported: each keeps the weights off the device its own way; "
+             "give one");
+    const int shard_ranks = c.ulysses_degree * c.ring_degree * (c.use_cfg_parallel ? 2 : 1);
+    XF_CHECK(shard_ranks > 1,
+             "--use_fsdp shards the weights over the ranks that run a generation together "
+             "(--ulysses_degree x --ring_degree x --use_cfg_parallel), and this run has one (",
+             "ulysses ", c.ulysses_degree, ", ring ", c.ring_degree, ", cfg ",
+             c.use_cfg_parallel ? 2 : 1,
+             "); data-parallel ranks run different prompts and keep whole weights each");
+  }
   if (args.offload != models::OffloadMode::kNone && args.device.is_cpu()) {
     spdlog::warn(
         "--enable_{}_cpu_offload saves no memory on the CPU: the weights already live in host "
@@ -736,6 +759,12 @@ void Runner::initialize(const ResolvedArgs& args) {
   options.parallel_vae = args.config.use_parallel_vae;
   options.transformer_weights = args.transformer_weights;
   options.offload = args.offload;
+  if (args.config.use_fsdp) {
+    groups_->create_fsdp_group();
+    options.fsdp = true;
+    spdlog::info("--use_fsdp: every component but the VAE sharded over group '{}'",
+                 groups_->fsdp()->name());
+  }
   model_->load(model_dir_, options);
   for (const auto& e : model_->backend_timeline()) {
     spdlog::debug("backend {}: op {} runs {} ({})", e.backend, e.tag, e.chosen,
@@ -1031,6 +1060,7 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                         {"dtype", c.dtype},
                         {"transformer_weights", weights_name(args.transformer_weights)},
                         {"cpu_offload", models::offload_mode_name(args.offload)},
+                        {"use_fsdp", c.use_fsdp},
                         {"prompts", args.request.prompts.size()},
                         {"batch_size", args.batch_size},
                         {"dataset_path", c.dataset_path},
@@ -1127,6 +1157,26 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                                      {"largest_block_bytes", o.largest_block_bytes},
                                      {"peak_streamed_parameter_bytes", o.peak_streamed_bytes},
                                      {"streamed_bound_bytes", o.streamed_bound_bytes}};
+    }
+    if (model_ && model_->fsdp()) {
+      // Parameter bytes this rank holds under FSDP: its shards, what is replicated, and the
+      // whole blocks gathered at the peak, against the bound (shards + a component's rest and
+      // its two largest blocks).
+      const models::FsdpStats f = model_->fsdp()->stats();
+      report["memory"]["fsdp"] = {{"group", model_->fsdp()->group().name()},
+                                  {"group_size", f.group_size},
+                                  {"components", f.components},
+                                  {"blocks", f.blocks},
+                                  {"model_parameter_bytes", f.model_bytes},
+                                  {"shard_bytes", f.shard_bytes},
+                                  {"replicated_bytes", f.replicated_bytes},
+                                  {"peak_gathered_bytes", f.peak_gathered_bytes},
+                                  {"peak_resident_parameter_bytes", f.peak_resident_bytes},
+                                  {"bound_bytes", f.bound_bytes},
+                                  {"largest_block_bytes", f.largest_block_bytes},
+                                  {"largest_rest_bytes", f.largest_rest_bytes},
+                                  {"gathers", f.gathers},
+                                  {"gather_bytes", f.gather_bytes}};
     }
     const backends::DeviceMemoryStats dev_mem = backends::device_memory_stats(args.device);
     if (dev_mem.available) {

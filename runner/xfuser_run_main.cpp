@@ -68,8 +68,6 @@ int main(int argc, char** argv) {
     if (world_size > 1) runner::start_parent_watchdog();
     init_logging(mpi.rank(), config.log_level);
     backends::check_cxx_runtime();  // a clear error, not a crash, on a mislinked binary
-    auto unsupported = runner::unsupported_flags_used(app);
-    XF_CHECK(unsupported.empty(), unsupported.front(), " is not supported yet");
     // Flag values first, so a bad value is named by its flag before the mesh is built from it.
     runner::validate_values(config);
     // The device before any CUDA or NCCL call (and before the mesh): --device cuda on a host

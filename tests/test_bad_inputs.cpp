@@ -135,7 +135,11 @@ std::vector<Case> cases() {
             {"--max_sequence_length must be >= 1 (got 0)"}),
       flags("ZeroIterations", kRun + "--num_iterations 0",
             {"--num_iterations must be >= 1 (got 0)"}),
-      flags("NotYetSupportedFlag", kRun + "--use_fsdp", {"--use_fsdp is not supported yet"}),
+      flags("FsdpOnOneGenerationRank", kRun + "--use_fsdp",
+            {"--use_fsdp shards the weights over the ranks that run a generation together",
+             "ulysses 1, ring 1, cfg 1"}),
+      flags("FsdpWithCpuOffload", kRun + "--use_fsdp --enable_model_cpu_offload",
+            {"--use_fsdp with --enable_model_cpu_offload is not supported"}),
       flags("BothCpuOffloads", kRun + "--enable_model_cpu_offload --enable_sequential_cpu_offload",
             {"--enable_model_cpu_offload and --enable_sequential_cpu_offload", "give one"}),
       // ---- absurd values: refused with the limit ----

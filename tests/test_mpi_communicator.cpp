@@ -235,6 +235,48 @@ TEST(MpiCollectives, OtherDtypes) {
   EXPECT_NE(msg.find("all_gather: dtype ComplexFloat is not supported"), std::string::npos) << msg;
 }
 
+// all_gather_into: several pairs of any dtype as one non-blocking operation; each output holds
+// every member's input in rank order once the Work completed, and each pair counts as one
+// all_gather call.
+TEST(MpiCollectives, AllGatherIntoGathersEveryPairInRankOrder) {
+  const int P = world().size(), me = world().rank();
+  world().reset_stats();
+  const std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> kinds = {
+      {{5}, at::kFloat}, {{3, 2}, at::kBFloat16}, {{7}, at::kByte}, {{2, 2}, at::kLong}};
+  auto input = [&](int r, size_t k) {
+    const auto& [shape, dtype] = kinds[k];
+    if (dtype == at::kByte) return (at::arange(7) * 3 + r).to(at::kByte);
+    return contribution(r, shape, dtype);
+  };
+  std::vector<at::Tensor> ins, outs;
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    ins.push_back(input(me, k));
+    outs.push_back(at::empty({P * ins.back().numel()}, ins.back().options()));
+  }
+  auto work = world().all_gather_into(ins, outs);
+  work->wait();
+  EXPECT_TRUE(work->test());
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    std::vector<at::Tensor> want;
+    for (int r = 0; r < P; ++r) want.push_back(input(r, k).reshape({-1}));
+    EXPECT_TRUE(outs[k].equal(at::cat(want))) << "pair " << k;
+  }
+  const auto stats = world().stats();
+  ASSERT_EQ(stats.count("all_gather"), 1u);
+  EXPECT_EQ(stats.at("all_gather").calls, static_cast<int64_t>(kinds.size()));
+  // A wrong output size is refused before anything is posted, naming the pair.
+  const std::string msg =
+      message_of([&] { world().all_gather_into({at::zeros({4})}, {at::zeros({4 * P + 1})}); });
+  EXPECT_NE(msg.find("pair 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("needs " + std::to_string(P) + " times the input's elements"),
+            std::string::npos)
+      << msg;
+  // The communicator is still usable after the refusal.
+  at::Tensor one = at::ones({1});
+  world().all_reduce(one);
+  EXPECT_EQ(one.item<float>(), static_cast<float>(P));
+}
+
 TEST(MpiCollectives, NonCpuTensorIsAnErrorNamingTheOp) {
   at::Tensor meta = at::empty({4}, at::TensorOptions().device(at::kMeta));
   for (const auto& [op, fn] : std::vector<std::pair<std::string, std::function<void()>>>{
@@ -356,6 +398,19 @@ TEST(ProcessGroupsMpi, GroupsMatchTheWorldConfig) {
                     members);
               }
               EXPECT_EQ(&groups.world(), g_world.get());
+              // FSDP's group: the ranks with this rank's tp, pp and dp coordinates.
+              EXPECT_EQ(groups.fsdp(), nullptr);
+              groups.create_fsdp_group();
+              ASSERT_NE(groups.fsdp(), nullptr);
+              std::vector<int> fsdp_members;
+              for (int r = 0; r < P; ++r) {
+                const RankCoords c = config.coords(r), mine = config.coords(me);
+                if (c.tp == mine.tp && c.pp == mine.pp && c.dp == mine.dp) {
+                  fsdp_members.push_back(r);
+                }
+              }
+              EXPECT_EQ(groups.fsdp()->world_ranks(), fsdp_members);
+              EXPECT_EQ(groups.fsdp()->size(), config.ulysses() * config.ring() * config.cfg());
               const auto stats = groups.stats();
               EXPECT_EQ(stats.count("world"), 0u);  // the splits do not count as traffic
               ASSERT_EQ(stats.count(config.group_name(MeshDim::kUlysses, me)), 1u);

@@ -147,7 +147,7 @@ TEST(Offload, DestroyingTheOffloaderLeavesPlainHostParameters) {
     t->blocks[0]->value();
   }
   for (auto& [name, slot] : t->named_parameters()) {
-    EXPECT_EQ(slot->offload, nullptr) << name;
+    EXPECT_EQ(slot->group, nullptr) << name;
     EXPECT_TRUE(slot->tensor.device().is_cpu()) << name;
   }
   t->expect_values();

@@ -89,18 +89,6 @@ TEST(RunConfig, HelpIsGroupedLikeXdit) {
   }
 }
 
-TEST(RunConfig, LaterFeaturesAreRejectedNotIgnored) {
-  RunConfig c;
-  CLI::App app;
-  xfuser::runner::add_run_flags(app, c);
-  std::vector<std::string> args = {"--use_fsdp", "--model", "x"};
-  std::reverse(args.begin(), args.end());
-  app.parse(args);
-  auto used = xfuser::runner::unsupported_flags_used(app);
-  ASSERT_EQ(used.size(), 1u);
-  EXPECT_EQ(used[0], "--use_fsdp");
-}
-
 TEST(RunConfig, BadValuesNameTheFlag) {
   EXPECT_EQ(validation_error({"--num_inference_steps", "0"}),
             "--num_inference_steps must be >= 1 (got 0)");

@@ -12,7 +12,6 @@
 #include "backends/device.h"
 #include "backends/error.h"
 #include "backends/tensor_util.h"
-#include "models/common/offload.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/tensor_source.h"
 
@@ -37,8 +36,20 @@ at::Tensor take_part(const at::Tensor& full, const ParamShard& shard) {
 
 }  // namespace
 
+std::pair<int, int64_t> block_list_key(const std::string& name,
+                                       const std::vector<std::string>& prefixes) {
+  for (size_t p = 0; p < prefixes.size(); ++p) {
+    if (!starts_with(name, prefixes[p])) continue;
+    size_t i = prefixes[p].size(), j = i;
+    while (j < name.size() && name[j] >= '0' && name[j] <= '9') ++j;
+    if (j == i || j >= name.size() || name[j] != '.') continue;
+    return {static_cast<int>(p), std::stoll(name.substr(i, j - i))};
+  }
+  return {-1, -1};
+}
+
 void ParamSlot::ensure_resident() const {
-  if (offload != nullptr) offload_use(*offload);
+  if (group != nullptr && !group->in_use) group->use();
 }
 
 at::Tensor ParamSlot::value() const {
@@ -250,7 +261,22 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
   int converted = 0;
   for (auto& [name, slot] : params) {
     at::Tensor t;
-    if (!slot->shard) {
+    slot->rows.reset();
+    if (options.row_parts > 1 && !slot->shard && !slot->shape.empty() &&
+        slot->shape[0] >= options.row_parts) {
+      // FSDP: only this rank's chunk of rows is read, zero-padded to the chunk length.
+      RowShard rs{options.row_part, options.row_parts, slot->shape[0]};
+      std::vector<int64_t> pad_shape = slot->shape;
+      pad_shape[0] = rs.chunk() - rs.length();
+      if (rs.length() > 0) {
+        t = source.get_slice(prefix + name, 0, rs.begin(), rs.length());
+        if (pad_shape[0] > 0) t = at::cat({t, at::zeros(pad_shape, t.options())}, 0);
+      } else {
+        t = at::zeros(pad_shape, at::TensorOptions().dtype(source.info(prefix + name).dtype));
+      }
+      if (!t.is_contiguous()) t = t.contiguous();
+      slot->rows = rs;
+    } else if (!slot->shard) {
       t = source.get(prefix + name);
     } else {
       // Only this rank's slices are read; a slice along dim > 0 is a strided view, copied to a
@@ -273,6 +299,12 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
       at::Tensor scale = source.get(prefix + name + "_scale").to(at::kFloat).reshape({-1, 1});
       scale = scale.size(0) == 1 ? scale.expand({slot->stored_shape()[0], 1}).contiguous() : scale;
       if (slot->shard && slot->shard->dim == 0) scale = take_part(scale, *slot->shard).contiguous();
+      if (slot->rows) {
+        const RowShard& rs = *slot->rows;
+        scale = at::cat({scale.narrow(0, rs.begin(), rs.length()),
+                         at::ones({rs.chunk() - rs.length(), 1}, scale.options())},
+                        0);
+      }
       const auto& wf = options.weight_format;
       if (wf.kind == WeightFormat::Kind::kFp8Scaled && wf.format == backends::Fp8Format::kE4M3FN &&
           wf.applies(name, *slot)) {

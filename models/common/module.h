@@ -5,6 +5,7 @@
 // mismatch is listed by name in one error. No autograd, no torch::nn: inference only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -52,8 +53,26 @@ struct Fp8Weight {
   c10::ScalarType dtype = c10::kFloat;
 };
 
-// Parameters an Offloader keeps in host memory (models/common/offload.h).
-struct OffloadGroup;
+// A set of parameters whose compute values are made current before use, by CPU offload
+// (models/common/offload.h: copied from host memory) or FSDP (models/common/fsdp.h: gathered
+// from every rank's shard). ParamSlot::ensure_resident() calls use() while in_use is false.
+struct ParamGroup {
+  virtual ~ParamGroup() = default;
+  bool in_use = false;  // the slots hold their compute values now
+  virtual void use() = 0;
+};
+
+// FSDP's part of a parameter (models/common/fsdp.h): the stored tensor's dim 0 in `parts`
+// chunks of ceil(rows / parts) rows; this rank holds chunk `part`, zero-padded to the chunk's
+// full length (the last ranks' chunks may be short or empty), as FSDP2's dim-0 sharding.
+struct RowShard {
+  int part = 0;
+  int parts = 1;
+  int64_t rows = 0;  // dim 0 of the whole parameter
+  int64_t chunk() const { return (rows + parts - 1) / parts; }
+  int64_t begin() const { return std::min<int64_t>(rows, part * chunk()); }
+  int64_t length() const { return std::min<int64_t>(rows, begin() + chunk()) - begin(); }
+};
 
 struct ParamSlot {
   std::vector<int64_t> shape;            // expected shape (of this rank's part when sharded)
@@ -62,9 +81,12 @@ struct ParamSlot {
   std::optional<ParamShard> shard;       // set: the slot holds a part of the stored tensor
   LayerKind layer = LayerKind::kOther;   // the layer it belongs to (set by the layer classes)
   std::optional<Fp8Weight> fp8;          // set: the parameter is held here, not in `tensor`
-  // Set while an Offloader holds the parameter: `tensor` (or fp8's) is the host copy until
-  // ensure_resident() puts the device copy there.
-  OffloadGroup* offload = nullptr;
+  // Set while an Offloader or an FSDP sharder holds the parameter: `tensor` (or fp8's) is the
+  // host copy or this rank's shard until ensure_resident() puts the compute value there.
+  ParamGroup* group = nullptr;
+  // Set: the slot was loaded as this rank's FSDP shard (`tensor` / fp8 hold chunk rows; `shape`
+  // stays the whole parameter's).
+  std::optional<RowShard> rows;
 
   // The shape of the tensor in the checkpoint (== shape unless sharded).
   std::vector<int64_t> stored_shape() const;
@@ -104,6 +126,12 @@ struct WeightFormat {
   void apply(ParamSlot& slot) const;
 };
 
+// (prefix position, block index) of parameter `name` under "<prefix><index>." for one of
+// `prefixes` ("transformer_blocks.", ...), or (-1, -1): how CPU offload and FSDP group a
+// model's parameters by block.
+std::pair<int, int64_t> block_list_key(const std::string& name,
+                                       const std::vector<std::string>& prefixes);
+
 struct LoadOptions {
   // Tensors in the source that no parameter claims are an error unless they start with one of
   // these prefixes, or allow_unexpected is set (a partial load such as one pipeline stage).
@@ -114,6 +142,11 @@ struct LoadOptions {
   // Each selected parameter is converted as it is read, so the whole model never exists in the
   // load dtype at once.
   WeightFormat weight_format;
+  // FSDP: part `part` of `parts` (part < parts): every parameter with at least `parts` rows
+  // that tensor parallelism does not slice is read as this rank's row chunk only (RowShard);
+  // smaller ones load whole (replicated). parts <= 1: everything loads whole.
+  int row_part = 0;
+  int row_parts = 1;
 };
 
 class Module {

@@ -15,7 +15,8 @@
 
 namespace xfuser::models {
 
-struct OffloadGroup {
+struct OffloadGroup final : ParamGroup {
+  void use() override { owner->use(*this); }
   Offloader* owner = nullptr;
   OffloadComponent* component = nullptr;
   std::string name;  // "transformer", "transformer: transformer_blocks.3"
@@ -39,8 +40,8 @@ struct OffloadGroup {
   };
   std::vector<Entry> entries;
   int64_t bytes = 0;
-  bool resident = false;              // device copies exist or are being made
-  bool in_use = false;                // resident, copied, and the group its component uses now
+  bool resident = false;  // device copies exist or are being made
+  // (in_use: resident, copied, and the group its component uses now)
   std::unique_ptr<c10::Event> ready;  // recorded on the side stream after a prefetch's copies
 };
 
@@ -58,24 +59,7 @@ struct Offloader::SideStream {
 
 namespace {
 
-bool offload_name_starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
-
-// (prefix position, block index) of a parameter under "<prefix><index>.", or (-1, -1).
-std::pair<int, int64_t> block_key(const std::string& name,
-                                  const std::vector<std::string>& prefixes) {
-  for (size_t p = 0; p < prefixes.size(); ++p) {
-    if (!offload_name_starts_with(name, prefixes[p])) continue;
-    size_t i = prefixes[p].size(), j = i;
-    while (j < name.size() && name[j] >= '0' && name[j] <= '9') ++j;
-    if (j == i || j >= name.size() || name[j] != '.') continue;
-    return {static_cast<int>(p), std::stoll(name.substr(i, j - i))};
-  }
-  return {-1, -1};
-}
-
-int64_t tensor_bytes(const at::Tensor& t) {
+int64_t held_bytes(const at::Tensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }
 
@@ -93,10 +77,6 @@ const char* offload_mode_name(OffloadMode mode) {
   return "?";
 }
 
-void offload_use(OffloadGroup& group) {
-  if (!group.in_use) group.owner->use(group);
-}
-
 Offloader::Offloader(OffloadMode mode, c10::Device device) : mode_(mode), device_(device) {
   XF_CHECK(mode != OffloadMode::kNone, "Offloader needs an offload mode");
   streams_ = device_.is_cuda();
@@ -112,7 +92,7 @@ Offloader::~Offloader() {
     for (auto& g : c->groups) {
       if (g->ready) wait(*g);
       for (auto& e : g->entries) {
-        e.slot->offload = nullptr;
+        e.slot->group = nullptr;
         e.point_at_host();
       }
     }
@@ -156,11 +136,11 @@ void Offloader::add_component(const std::string& name, std::shared_ptr<Module> m
   };
   for (auto& [pname, slot] : module->named_parameters()) {
     if (!slot->loaded()) continue;
-    XF_CHECK(slot->offload == nullptr, "offload: parameter ", pname, " of ", name,
-             " is already held by an offloader");
+    XF_CHECK(slot->group == nullptr, "offload: parameter ", pname, " of ", name,
+             " is already held by an offloader or FSDP");
     OffloadGroup* g = rest;
     if (stream_blocks) {
-      const auto key = block_key(pname, block_prefixes);
+      const auto key = block_list_key(pname, block_prefixes);
       if (key.first >= 0) {
         auto& b = blocks[key];
         if (!b) {
@@ -176,13 +156,13 @@ void Offloader::add_component(const std::string& name, std::shared_ptr<Module> m
       e.host_scale = host(slot->fp8->scale);
       slot->fp8->data = e.host_data;
       slot->fp8->scale = e.host_scale;
-      g->bytes += tensor_bytes(e.host_data) + tensor_bytes(e.host_scale);
+      g->bytes += held_bytes(e.host_data) + held_bytes(e.host_scale);
     } else {
       e.host = host(slot->tensor);
       slot->tensor = e.host;
-      g->bytes += tensor_bytes(e.host);
+      g->bytes += held_bytes(e.host);
     }
-    slot->offload = g;
+    slot->group = g;
     g->entries.push_back(std::move(e));
   }
   for (auto& [key, g] : blocks) {

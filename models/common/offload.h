@@ -68,10 +68,6 @@ struct OffloadStats {
 struct OffloadGroup;
 struct OffloadComponent;
 
-// Called by ParamSlot::ensure_resident for a slot an Offloader holds: returns at once when the
-// group is in use, else makes it so (copies, evictions, the next prefetch).
-void offload_use(OffloadGroup& group);
-
 class Offloader {
  public:
   // `mode` must not be kNone.
@@ -94,7 +90,8 @@ class Offloader {
   void offload_all();
   OffloadStats stats() const;
 
-  // Makes `group` resident and in use (ParamSlot::ensure_resident, through offload_use).
+  // Makes `group` resident and in use (ParamSlot::ensure_resident, through the group's use()):
+  // copies, evictions, the next prefetch.
   void use(OffloadGroup& group);
 
  private:

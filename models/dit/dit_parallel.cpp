@@ -42,12 +42,10 @@ TensorParallelOps tensor_parallel_ops(parallel::Communicator& tp) {
   return ops;
 }
 
-std::shared_ptr<DiTTransformer> load_dit_transformer(const std::string& dir, c10::ScalarType dtype,
-                                                     const parallel::ProcessGroups* groups,
-                                                     const DiTPart& part,
-                                                     const std::string& expected_class,
-                                                     c10::Device device,
-                                                     const WeightFormat& weights) {
+std::shared_ptr<DiTTransformer> load_dit_transformer(
+    const std::string& dir, c10::ScalarType dtype, const parallel::ProcessGroups* groups,
+    const DiTPart& part, const std::string& expected_class, c10::Device device,
+    const WeightFormat& weights, int row_part, int row_parts) {
   ComponentFolder folder = open_component_folder(dir);
   XF_CONTEXT("loading ", folder.class_name, " from ", dir);
   XF_CHECK(expected_class.empty() || folder.class_name == expected_class, dir, " holds a ",
@@ -62,7 +60,12 @@ std::shared_ptr<DiTTransformer> load_dit_transformer(const std::string& dir, c10
            "--use_fp8_gemms with --tensor_parallel_degree ", tp.size,
            " is not supported yet: a row-parallel layer would scale each rank's part of a row on "
            "its own; use sequence, CFG, data or PipeFusion parallelism with FP8 GEMMs");
+  XF_CHECK(row_parts <= 1 || tp.size == 1, "--use_fsdp with --tensor_parallel_degree ", tp.size,
+           " is not supported: FSDP shards whole weights; use Ulysses, ring or CFG parallelism "
+           "with FSDP");
   LoadOptions options;
+  options.row_part = row_part;
+  options.row_parts = row_parts;
   // A pipeline stage reads only its own tensors from the (memory-mapped) checkpoint.
   options.allow_unexpected = !whole;
   options.device = device;

@@ -51,6 +51,9 @@ void DiTPipeline::load_transformer(const std::filesystem::path& dir,
                                    const std::string& expected_class) {
   const auto& groups = process_groups();
   if (groups && groups->config().pp() > 1) {
+    XF_CHECK(!options.fsdp,
+             "--use_fsdp with --pipefusion_parallel_degree is not supported: a PipeFusion stage "
+             "holds only its own blocks already; use Ulysses, ring or CFG parallelism with FSDP");
     XF_CHECK(groups->config().tp() == 1,
              "--pipefusion_parallel_degree with --tensor_parallel_degree is not supported yet (",
              groups->config().to_string(), "): use one of them");
@@ -63,10 +66,12 @@ void DiTPipeline::load_transformer(const std::filesystem::path& dir,
                              pipefusion_stage_part(layers, groups->coords().pp), expected_class,
                              options.weights_device(), options.transformer_weights);
   } else {
-    // Under tensor parallelism each rank reads only its slices of the transformer's weights.
-    transformer_ =
-        load_dit_transformer(dir.string(), options.dtype, groups.get(), DiTPart{}, expected_class,
-                             options.weights_device(), options.transformer_weights);
+    // Under tensor parallelism each rank reads only its slices of the transformer's weights;
+    // under FSDP its row chunks.
+    const LoadOptions rows = component_load_options(dir.filename().string());
+    transformer_ = load_dit_transformer(dir.string(), options.dtype, groups.get(), DiTPart{},
+                                        expected_class, options.weights_device(),
+                                        options.transformer_weights, rows.row_part, rows.row_parts);
   }
   register_component(dir.filename().string(), transformer_, transformer_->block_list_prefixes());
 }
@@ -168,7 +173,8 @@ void DiTPipeline::check_finite(const DiTState& s, int index) const {
 }
 
 void DiTPipeline::load_vae(const std::filesystem::path& dir, const ModelLoadOptions& options) {
-  auto component = load_component(dir.string(), options.dtype, options.weights_device());
+  auto component =
+      load_component(dir.string(), options.dtype, component_load_options(dir.filename().string()));
   register_component(dir.filename().string(), component);
   vae_ = std::dynamic_pointer_cast<vae::AutoencoderKL>(component);
   XF_CHECK(vae_ != nullptr, dir.string(), " holds a ", component->class_name(),

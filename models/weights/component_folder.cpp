@@ -163,11 +163,16 @@ std::shared_ptr<Component> load_component(const std::string& dir, c10::ScalarTyp
 
 std::shared_ptr<Component> load_component(const std::string& dir, c10::ScalarType dtype,
                                           c10::Device device, const std::string& variant) {
+  LoadOptions options;
+  options.device = device;
+  return load_component(dir, dtype, options, variant);
+}
+
+std::shared_ptr<Component> load_component(const std::string& dir, c10::ScalarType dtype,
+                                          const LoadOptions& options, const std::string& variant) {
   ComponentFolder folder = open_component_folder(dir, variant);
   XF_CONTEXT("loading ", folder.class_name, " from ", dir);
   auto component = ComponentRegistry::create(folder.class_name, folder.config, folder.config_path);
-  LoadOptions options;
-  options.device = device;
   component->load(*folder.weights, dtype, "", options);
   return component;
 }

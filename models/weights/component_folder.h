@@ -39,6 +39,10 @@ std::shared_ptr<Component> load_component(const std::string& dir, c10::ScalarTyp
 // The same, with the weights copied to `device` as they are read (a pipeline's load options).
 std::shared_ptr<Component> load_component(const std::string& dir, c10::ScalarType dtype,
                                           c10::Device device, const std::string& variant = "");
+// The same, with the loader's options (device, FSDP row sharding).
+std::shared_ptr<Component> load_component(const std::string& dir, c10::ScalarType dtype,
+                                          const LoadOptions& options,
+                                          const std::string& variant = "");
 
 namespace detail {
 

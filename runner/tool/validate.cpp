@@ -26,8 +26,6 @@ namespace fs = std::filesystem;
 namespace {
 
 void validate(const CLI::App& cmd, const RunConfig& config, int world_size) {
-  auto unsupported = unsupported_flags_used(cmd);
-  XF_CHECK(unsupported.empty(), unsupported.front(), " is not supported yet");
   Runner runner(config);
   const ResolvedArgs args = runner.preprocess_args();
   const auto mesh = parallel::WorldConfig::from_degrees(
