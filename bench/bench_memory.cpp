@@ -16,6 +16,9 @@
 //         parameter bytes on the device at their peak, as the offloader accounts them (on the
 //         CPU the device is the host: what a GPU would hold of the weights);
 //       tp:   tensor parallel over the N ranks: each reads only its slices from the mmapped file.
+//       fsdp: FSDP over the N ranks (models/common/fsdp.h), the forward under Ulysses N: each
+//         reads only its row chunks; the JSON gets the parameter bytes held at the peak (chunks
+//         + the gathered blocks) and the bound, as the sharder accounts them.
 //       (pp: PipeFusion stages, added with PipeFusion.)
 // Rank 0 writes the JSON (stdout without --out). bench/run_memory runs the whole comparison.
 #include <fstream>
@@ -24,7 +27,9 @@
 #include <sys/resource.h>
 
 #include "bench/bench_common.h"
+#include "models/common/fsdp.h"
 #include "models/common/offload.h"
+#include "models/dit/dit_parallel.h"
 #include "models/flux/flux_parallel.h"
 #include "models/flux/flux_transformer.h"
 #include "models/weights/safetensors.h"
@@ -148,9 +153,15 @@ int main(int argc, char** argv) {
       groups = std::make_shared<xfuser::parallel::ProcessGroups>(
           xfuser::parallel::WorldConfig::from_degrees(mpi.size(), 1, 1, 1, 1, 1, mpi.size()),
           world);
+    } else if (strategy == "fsdp") {
+      XF_CHECK(mpi.size() > 1, "--strategy fsdp needs mpirun -np N with N > 1");
+      groups = std::make_shared<xfuser::parallel::ProcessGroups>(
+          xfuser::parallel::WorldConfig::from_degrees(mpi.size(), 1, 1, 1, mpi.size(), 1, 1),
+          world);
+      groups->create_fsdp_group();
     } else {
       // PipeFusion ("pp") plugs in here: build its groups and load only this stage's blocks.
-      XF_THROW("--strategy: unknown strategy '", strategy, "' (none, tp)");
+      XF_THROW("--strategy: unknown strategy '", strategy, "' (none, tp, fsdp)");
     }
 
     const fs::path dir = fs::path(args.get("weights", "")) / "transformer";
@@ -172,8 +183,23 @@ int main(int argc, char** argv) {
       XF_CHECK(format == "as_loaded", "--format: unknown format '", format,
                "' (as_loaded, fp8_storage, fp8_gemms)");
     }
-    auto model =
-        xfuser::models::flux::load_flux_transformer(dir.string(), dtype, groups.get(), weights);
+    std::unique_ptr<xfuser::models::FsdpSharder> sharder;
+    std::shared_ptr<xfuser::models::flux::FluxTransformer2DModel> model;
+    if (strategy == "fsdp") {
+      sharder = std::make_unique<xfuser::models::FsdpSharder>(*groups->fsdp(),
+                                                              c10::Device(c10::kCPU));
+      xfuser::models::LoadOptions rows;
+      sharder->configure(rows);
+      model = std::dynamic_pointer_cast<xfuser::models::flux::FluxTransformer2DModel>(
+          xfuser::models::dit::load_dit_transformer(dir.string(), dtype, groups.get(), {},
+                                                    "FluxTransformer2DModel",
+                                                    c10::Device(c10::kCPU), weights,
+                                                    rows.row_part, rows.row_parts));
+      sharder->add_component("transformer", model, model->block_list_prefixes());
+    } else {
+      model =
+          xfuser::models::flux::load_flux_transformer(dir.string(), dtype, groups.get(), weights);
+    }
     const double load_seconds = xb::now_seconds() - t0;
     const int64_t weight_bytes = model->parameter_bytes();
     const std::string offload = args.get("offload", "none");
@@ -232,7 +258,22 @@ int main(int argc, char** argv) {
         offload_json["resident_part_bytes"] = o.largest_resident_part_bytes;
         offload_json["onload_bytes"] = o.onload_bytes;
       }
+      nlohmann::json fsdp_json = nullptr;
+      if (sharder) {
+        const auto f = sharder->stats();
+        fsdp_json = {{"group_size", f.group_size},
+                     {"model_parameter_bytes", f.model_bytes},
+                     {"shard_bytes", f.shard_bytes},
+                     {"replicated_bytes", f.replicated_bytes},
+                     {"peak_parameter_bytes", f.peak_resident_bytes},
+                     {"bound_bytes", f.bound_bytes},
+                     {"largest_block_bytes", f.largest_block_bytes},
+                     {"rest_bytes", f.largest_rest_bytes},
+                     {"gathers", f.gathers},
+                     {"gather_bytes", f.gather_bytes}};
+      }
       nlohmann::json out = {{"benchmark", "parallel_memory"},
+                            {"fsdp", fsdp_json},
                             {"strategy", strategy},
                             {"format", format},
                             {"offload", offload_json},

@@ -171,7 +171,8 @@ TEST_F(XfuserRun, BadInputsFailBeforeComputeWithANamedError) {
        "model folder /nonexistent/flux does not exist"},
       {"--model tiny-flux --prompt x --output_directory /proc/xfuser-out",
        "--output_directory /proc/xfuser-out"},
-      {"--model tiny-flux --prompt x --use_fsdp" + o, "--use_fsdp is not supported yet"},
+      {"--model tiny-flux --prompt x --use_fsdp" + o,
+       "--use_fsdp shards the weights over the ranks that run a generation together"},
       {"--model tiny-flux --prompt x --device cpu --attention_backend cudnn" + o,
        "--attention_backend cudnn is a CUDA kernel: it needs --device cuda"},
       {"--model tiny-flux --prompt x --attention_backend flash3" + o, "--attention_backend"},
@@ -307,7 +308,8 @@ TEST_F(XfuserRun, UnderMpirunEveryStrategyWritesTheSerialImages) {
         Case{4, "--data_parallel_degree 2 --ulysses_degree 2", "u2r1_dp2"},
         Case{4, "--use_cfg_parallel --ring_degree 2", "u1r2_cfg2"},
         Case{2, "--tensor_parallel_degree 2", "u1r1_tp2"},
-        Case{4, "--tensor_parallel_degree 2 --ulysses_degree 2 --use_parallel_vae", "u2r1_tp2"}}) {
+        Case{4, "--tensor_parallel_degree 2 --ulysses_degree 2 --use_parallel_vae", "u2r1_tp2"},
+        Case{4, "--use_fsdp --data_parallel_degree 2 --ulysses_degree 2", "u2r1_dp2"}}) {
     xfuser::testing::TempDir out;
     ASSERT_EQ(
         xfuser::testing::run_command(xfuser::testing::mpirun_prefix(c.np) + bin + common + " " +
@@ -327,6 +329,19 @@ TEST_F(XfuserRun, UnderMpirunEveryStrategyWritesTheSerialImages) {
     for (int r = 0; r < c.np; ++r) {
       const fs::path report_path = out / ("timings_rank" + std::to_string(r) + ".json");
       ASSERT_TRUE(fs::exists(report_path)) << c.flags << " rank " << r;
+      if (c.flags.find("--use_fsdp") != std::string::npos) {
+        // FSDP within each data-parallel group: ranks {0,1} and {2,3} shard among themselves.
+        auto report = nlohmann::json::parse(read(report_path));
+        const auto& f = report["memory"]["fsdp"];
+        EXPECT_EQ(f["group"], r < 2 ? "fsdp[0,1]" : "fsdp[2,3]") << report.dump();
+        EXPECT_EQ(f["group_size"], 2);
+        EXPECT_GT(f["gathers"].get<int64_t>(), 0);
+        EXPECT_LT(f["shard_bytes"].get<int64_t>(), f["model_parameter_bytes"].get<int64_t>());
+        EXPECT_LE(f["peak_resident_parameter_bytes"].get<int64_t>(),
+                  f["bound_bytes"].get<int64_t>());
+        EXPECT_EQ(report["config"]["use_fsdp"], true);
+        continue;
+      }
       if (c.flags != "--ulysses_degree 2") continue;
       // Every rank reports its Ulysses all-to-alls: 2 per attention layer per step (tiny-flux:
       // 2 double + 2 single blocks, 2 steps, true CFG doubles the forwards).
@@ -362,6 +377,18 @@ TEST_F(XfuserRun, UnderMpirunABadLayoutFailsOnEveryRank) {
   EXPECT_NE(code, 0);
   EXPECT_NE(code, 124) << "timed out: " << log;
   EXPECT_NE(log.find("--use_cfg_parallel needs true CFG"), std::string::npos) << log;
+  // FSDP with tensor parallelism: refused by name on every rank.
+  code = xfuser::testing::run_command(
+      xfuser::testing::mpirun_prefix(2) + bin +
+          " --model tiny-flux --prompt x --height 32 --width 32 --use_fsdp "
+          "--tensor_parallel_degree 2 --output_directory " +
+          out.path().string(),
+      &log);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(code, 124) << "timed out: " << log;
+  EXPECT_NE(log.find("--use_fsdp with --tensor_parallel_degree 2 is not supported"),
+            std::string::npos)
+      << log;
 }
 
 TEST_F(XfuserRun, ARankThatThrowsMidStepEndsTheWholeJob) {
