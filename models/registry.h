@@ -64,6 +64,8 @@ struct RunLayout {
   // --fp8_storage: the layers they convert hold nearly all of a full-size transformer).
   int transformer_bytes_per_element = 4;
   int threads = 1;
+  // --use_fsdp: the ranks that shard the weights (ulysses x ring x cfg); 1: no FSDP.
+  int fsdp = 1;
 };
 
 // What a run needs on one rank, estimated from the configs and the weight headers.

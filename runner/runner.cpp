@@ -675,6 +675,7 @@ models::RunLayout run_layout(const ResolvedArgs& args) {
       args.transformer_weights.kind == models::WeightFormat::Kind::kAsLoaded ? l.bytes_per_element
                                                                              : 1;
   l.threads = at::get_num_threads();
+  l.fsdp = c.use_fsdp ? c.ulysses_degree * c.ring_degree * (c.use_cfg_parallel ? 2 : 1) : 1;
   return l;
 }
 

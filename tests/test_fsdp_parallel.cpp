@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "models/common/component.h"
+#include "models/weights/component_folder.h"
 #include "models/registry.h"
 #include "models/xfuser_model.h"
 #include "parallel/mpi_communicator.h"
@@ -117,6 +118,39 @@ TEST_P(Fsdp, EqualsOneRankWithout) {
     const int pixel = (out.images.to(at::kInt) - ref.images.to(at::kInt)).abs().max().item<int>();
     EXPECT_LE(pixel, 1);
     const auto s = model->fsdp()->stats();
+    if (cases == 0 && spec.check_run) {
+      // The pre-load estimate (xfuser validate, and xfuser-run's memory check) counts what the
+      // sharder holds at most: its bound, plus the VAE held whole, within 5%. It reads the weight
+      // headers and divides whole components, so it counts (sharded) the checkpoint tensors a
+      // model does not load (FLUX.2's text encoder layers past the ones it reads: up to 4% more)
+      // and leaves out the row padding and the parameters too small to shard (about 1% less).
+      xfuser::models::RunLayout layout;
+      layout.ulysses = c.ulysses;
+      layout.ring = c.ring;
+      layout.cfg = c.cfg;
+      layout.data = c.dp;
+      layout.height = static_cast<int>(request.height);
+      layout.width = static_cast<int>(request.width);
+      layout.num_frames = static_cast<int>(request.num_frames);
+      layout.max_sequence_length = static_cast<int>(request.max_sequence_length);
+      layout.input_images = static_cast<int>(request.input_images.size());
+      layout.guidance_scale = request.guidance_scale;
+      layout.true_cfg = !request.negative_prompts.empty() && request.true_cfg_scale > 1.0;
+      layout.batch_size = static_cast<int>(request.prompts.size());
+      layout.fsdp = shard_ranks;
+      const auto sharded = spec.check_run(folder, layout);
+      int64_t vae_params = 0;
+      const auto vae = xfuser::models::open_component_folder((folder / "vae").string());
+      for (const auto& t : vae.weights->names()) {
+        int64_t n = 1;
+        for (int64_t d : vae.weights->info(t).shape) n *= d;
+        vae_params += n;
+      }
+      const double want = static_cast<double>(s.bound_bytes + 4 * vae_params);
+      EXPECT_NEAR(static_cast<double>(sharded.weights), want, 0.05 * want)
+          << "estimate " << sharded.weights << ", sharder bound " << s.bound_bytes
+          << ", VAE parameters " << vae_params;
+    }
     EXPECT_GT(s.gathers, 0);
     EXPECT_LE(s.peak_resident_bytes, s.bound_bytes);
     EXPECT_EQ(s.gathered_bytes, 0) << "every group returns to shards after a generation";

@@ -1,10 +1,12 @@
 #include "models/dit/dit_checks.h"
 
 #include <algorithm>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "models/common/fsdp.h"
 #include "models/dit/dit_parallel.h"
 #include "models/dit/dit_pipefusion.h"
 #include "models/vae/autoencoder_kl.h"
@@ -25,6 +27,40 @@ uint64_t parameter_count(const fs::path& dir) {
     count += n;
   }
   return count;
+}
+
+// Under FSDP: a component's parameters, and the most of them it gathers at once (its parameters
+// outside the blocks and its two largest blocks; models/common/fsdp.h), from the weight headers.
+struct ShardedCount {
+  uint64_t total = 0;
+  uint64_t gathered = 0;
+};
+
+ShardedCount sharded_count(const fs::path& dir, std::vector<std::string> block_prefixes) {
+  const ComponentFolder folder = open_component_folder(dir.string());
+  const auto names = folder.weights->names();
+  if (block_prefixes.empty()) block_prefixes = FsdpSharder::find_block_prefixes(names);
+  std::map<std::pair<int, int64_t>, uint64_t> blocks;
+  uint64_t rest = 0;
+  ShardedCount c;
+  for (const auto& name : names) {
+    uint64_t n = 1;
+    for (int64_t d : folder.weights->info(name).shape) n *= static_cast<uint64_t>(d);
+    c.total += n;
+    const auto key = block_list_key(name, block_prefixes);
+    (key.first >= 0 ? blocks[key] : rest) += n;
+  }
+  uint64_t largest = 0, second = 0;
+  for (const auto& [key, n] : blocks) {
+    if (n > largest) {
+      second = largest;
+      largest = n;
+    } else {
+      second = std::max(second, n);
+    }
+  }
+  c.gathered = rest + largest + second;
+  return c;
 }
 
 }  // namespace
@@ -78,6 +114,27 @@ MemoryEstimate check_dit_run(const fs::path& dir, const RunLayout& run, const Di
   for (const auto& part : t.components) params += parameter_count(dir / part);
   m.weights = params * bytes +
               transformer_params * static_cast<uint64_t>(run.transformer_bytes_per_element);
+  if (run.fsdp > 1) {
+    // FSDP: 1/N of every component but the VAE, plus what one component gathers at once.
+    const uint64_t n = static_cast<uint64_t>(run.fsdp);
+    const uint64_t tbytes = static_cast<uint64_t>(run.transformer_bytes_per_element);
+    const ShardedCount tr = sharded_count(dir / "transformer", model->block_list_prefixes());
+    uint64_t shards = (tr.total + n - 1) / n * tbytes;
+    uint64_t gathered = tr.gathered * tbytes;
+    for (const auto& part : t.components) {
+      if (part.rfind("vae", 0) == 0) {
+        shards += parameter_count(dir / part) * bytes;
+        continue;
+      }
+      const bool expert = part == "transformer_2";
+      const ShardedCount c = sharded_count(
+          dir / part, expert ? model->block_list_prefixes() : std::vector<std::string>{});
+      const uint64_t b = expert ? tbytes : bytes;
+      shards += (c.total + n - 1) / n * b;
+      gathered = std::max(gathered, c.gathered * b);
+    }
+    m.weights = shards + gathered;
+  }
   // Transformer activations: the hidden states of the rank's tokens (sequence parallel splits
   // them, CFG without CFG parallel doubles the batch) times ~16 live [B, S, D]-sized tensors in a
   // block (residual, norms, q/k/v, attention output, the 4x MLP).
