@@ -186,15 +186,14 @@ int main(int argc, char** argv) {
     std::unique_ptr<xfuser::models::FsdpSharder> sharder;
     std::shared_ptr<xfuser::models::flux::FluxTransformer2DModel> model;
     if (strategy == "fsdp") {
-      sharder = std::make_unique<xfuser::models::FsdpSharder>(*groups->fsdp(),
-                                                              c10::Device(c10::kCPU));
+      sharder =
+          std::make_unique<xfuser::models::FsdpSharder>(*groups->fsdp(), c10::Device(c10::kCPU));
       xfuser::models::LoadOptions rows;
       sharder->configure(rows);
       model = std::dynamic_pointer_cast<xfuser::models::flux::FluxTransformer2DModel>(
-          xfuser::models::dit::load_dit_transformer(dir.string(), dtype, groups.get(), {},
-                                                    "FluxTransformer2DModel",
-                                                    c10::Device(c10::kCPU), weights,
-                                                    rows.row_part, rows.row_parts));
+          xfuser::models::dit::load_dit_transformer(
+              dir.string(), dtype, groups.get(), {}, "FluxTransformer2DModel",
+              c10::Device(c10::kCPU), weights, rows.row_part, rows.row_parts));
       sharder->add_component("transformer", model, model->block_list_prefixes());
     } else {
       model =

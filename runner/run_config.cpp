@@ -61,6 +61,15 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_flag("--pipefusion_psnr", c.pipefusion_psnr,
                "Also generate the exact (all warm-up) image; report PipeFusion's PSNR against it")
       ->group(kPar);
+  app.add_flag("--dry_run", c.dry_run,
+               "Print the memory plan of one rank (weights, activations, attention scratch) for "
+               "these flags and exit without loading a weight; the pipeline folder may hold its "
+               "config files alone")
+      ->group(kPar);
+  app.add_option("--device_memory_gib", c.device_memory_gib,
+                 "With --dry_run: the memory of one device in GiB; the plan says whether the run "
+                 "fits it (exit 1 when it does not)")
+      ->group(kPar);
   app.add_option("--comm_timeout", c.comm_timeout,
                  "Seconds a rank waits in any collective before the job is aborted")
       ->group(kPar)
@@ -278,6 +287,11 @@ void validate_values(const RunConfig& c) {
       XF_CHECK(n >= 1, "--pipefusion_layers: every stage needs at least one block (got ", n, ")");
     }
   }
+  XF_CHECK(std::isfinite(c.device_memory_gib) && c.device_memory_gib >= 0,
+           "--device_memory_gib must be a non-negative number of GiB (got ", c.device_memory_gib,
+           ")");
+  XF_CHECK(c.device_memory_gib == 0 || c.dry_run,
+           "--device_memory_gib is read by --dry_run's plan: give --dry_run too");
   XF_CHECK(std::isfinite(c.comm_timeout) && c.comm_timeout > 0,
            "--comm_timeout must be a positive number of seconds (got ", c.comm_timeout, ")");
   // Collectives count their timeout in whole milliseconds.

@@ -31,7 +31,10 @@ struct RunConfig {
   bool use_cfg_parallel = false;
   bool use_parallel_vae = false;
   bool use_fsdp = false;
-  int num_pipeline_patch = 0;  // 0: the pp degree
+  // --dry_run: print the memory plan per rank and exit without loading any weight.
+  bool dry_run = false;
+  double device_memory_gib = 0.0;  // --device_memory_gib: what the plan is checked against
+  int num_pipeline_patch = 0;      // 0: the pp degree
   int pipefusion_warmup_steps = 1;
   std::vector<int64_t> pipefusion_layers;  // blocks per stage; empty: balanced
   bool pipefusion_psnr = false;            // also generate the exact image and report the PSNR

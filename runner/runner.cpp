@@ -691,13 +691,64 @@ uint64_t available_memory_bytes() {
   return total;
 }
 
-std::optional<models::MemoryEstimate> check_before_loading(const ResolvedArgs& args,
-                                                           const fs::path& model_dir) {
+std::optional<models::MemoryEstimate> estimate_memory(const ResolvedArgs& args,
+                                                      const fs::path& model_dir) {
   XF_CONTEXT("checking the run against ", model_dir.string());
   models::check_component_classes(*args.spec, model_dir);
   models::schedulers::check_scheduler_folder(model_dir / "scheduler");
   if (!args.spec->check_run) return std::nullopt;
-  const models::MemoryEstimate m = args.spec->check_run(model_dir, run_layout(args));
+  return args.spec->check_run(model_dir, run_layout(args));
+}
+
+int print_memory_plan(const RunConfig& config) {
+  Runner runner(config);
+  const ResolvedArgs args = runner.preprocess_args();
+  const RunConfig& c = args.config;
+  const fs::path dir = resolve_model_dir(args);
+  const auto m = estimate_memory(args, dir);
+  XF_CHECK(m.has_value(), "--dry_run: ", args.spec->id, " has no memory model");
+  auto gib = [](uint64_t b) {
+    if (b < (uint64_t{1} << 30)) return format_double(std::round(b / 1048576.0 * 10) / 10) + " MiB";
+    return format_double(std::round(b / 1073741824.0 * 1000) / 1000) + " GiB";
+  };
+  const models::RunLayout l = run_layout(args);
+  const int world = l.ulysses * l.ring * l.cfg * l.pipefusion * l.tensor * l.data;
+  std::string how;
+  if (c.use_fsdp) how += ", --use_fsdp over " + std::to_string(l.fsdp) + " ranks";
+  if (args.transformer_weights.kind != models::WeightFormat::Kind::kAsLoaded) {
+    how += ", transformer weights " + weights_name(args.transformer_weights);
+  }
+  std::printf("plan: %s from %s\n", args.spec->id.c_str(), dir.string().c_str());
+  std::printf(
+      "run: %dx%d%s, batch %d, %s, %d rank(s) (ulysses %d, ring %d, cfg %d, pipefusion "
+      "%d, tensor %d, data %d)%s\n",
+      l.height, l.width,
+      l.num_frames > 0 ? (", " + std::to_string(l.num_frames) + " frames").c_str() : "",
+      l.batch_size, c.dtype.c_str(), world, l.ulysses, l.ring, l.cfg, l.pipefusion, l.tensor,
+      l.data, how.c_str());
+  std::printf("per rank: weights %s, activations %s, attention scratch %s: total %s\n",
+              gib(m->weights).c_str(), gib(m->activations).c_str(), gib(m->attention).c_str(),
+              gib(m->total()).c_str());
+  if (args.offload != models::OffloadMode::kNone) {
+    std::printf(
+        "note: --enable_%s_cpu_offload keeps the weights in host memory; the device "
+        "holds one component or block at a time (docs/offload.md)\n",
+        models::offload_mode_name(args.offload));
+  }
+  if (c.device_memory_gib > 0) {
+    const auto have = static_cast<uint64_t>(c.device_memory_gib * 1073741824.0);
+    const bool fits = m->total() <= have;
+    std::printf("device memory %s: %s\n", gib(have).c_str(), fits ? "fits" : "does not fit");
+    if (!fits) return 1;
+  }
+  return 0;
+}
+
+std::optional<models::MemoryEstimate> check_before_loading(const ResolvedArgs& args,
+                                                           const fs::path& model_dir) {
+  const auto estimate = estimate_memory(args, model_dir);
+  if (!estimate) return std::nullopt;
+  const models::MemoryEstimate m = *estimate;
   // Ranks on this node share its memory.
   int local = 1;
   if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
@@ -740,7 +791,7 @@ void Runner::initialize(const ResolvedArgs& args) {
   check_stop_requested("before loading the model");
   model_dir_ = resolve_model_dir(args);
   // The layout against the model's configs and the memory the run needs, before any weight.
-  check_before_loading(args, model_dir_);
+  plan_ = check_before_loading(args, model_dir_);
   spdlog::info("loading {} from {} ({})", spec.id, model_dir_.string(), args.config.dtype);
   backends::set_default_attention_kernel(args.attention_kernel);
   backends::reset_attention_kernel_calls();
@@ -1178,6 +1229,13 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                                   {"largest_rest_bytes", f.largest_rest_bytes},
                                   {"gathers", f.gathers},
                                   {"gather_bytes", f.gather_bytes}};
+    }
+    if (plan_) {
+      // The pre-load estimate (what --dry_run prints), beside the measured peaks above.
+      report["memory"]["plan"] = {{"weights_bytes", plan_->weights},
+                                  {"activations_bytes", plan_->activations},
+                                  {"attention_bytes", plan_->attention},
+                                  {"total_bytes", plan_->total()}};
     }
     const backends::DeviceMemoryStats dev_mem = backends::device_memory_stats(args.device);
     if (dev_mem.available) {

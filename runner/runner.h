@@ -133,8 +133,14 @@ class Runner {
   std::shared_ptr<parallel::ProcessGroups> groups_;
   std::unique_ptr<models::XFuserModel> model_;
   std::filesystem::path model_dir_;
+  std::optional<models::MemoryEstimate> plan_;  // the pre-load estimate, for the report
   mutable std::unique_ptr<OutputDirectoryLock> lock_;
 };
+
+// --dry_run: resolves the flags and the pipeline folder (configs alone are enough), prints the
+// memory plan of one rank for the flags' layout and returns the exit code: 1 when
+// --device_memory_gib is given and the plan does not fit it, else 0. Loads no weight.
+int print_memory_plan(const RunConfig& config);
 
 // The layout a model checks (ModelSpec::check_run) for these arguments.
 models::RunLayout run_layout(const ResolvedArgs& args);

@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
     backends::check_cxx_runtime();  // a clear error, not a crash, on a mislinked binary
     // Flag values first, so a bad value is named by its flag before the mesh is built from it.
     runner::validate_values(config);
+    if (config.dry_run) {
+      // The plan needs no mesh: the degrees give the world it describes.
+      return mpi.rank() == 0 ? runner::print_memory_plan(config) : 0;
+    }
     // The device before any CUDA or NCCL call (and before the mesh): --device cuda on a host
     // without one is an error on every rank.
     const c10::Device device = backends::select_device(config.device);

@@ -6,3 +6,5 @@ xfuser_add_test(test_fsdp.cpp NP 2 TIMEOUT 60)
 xfuser_add_test(test_fsdp.cpp NP 3 TIMEOUT 60)
 xfuser_add_test(test_fsdp_parallel.cpp MPI_MAIN NP 2 LABELS fixture TIMEOUT 900)
 xfuser_add_test(test_fsdp_parallel.cpp NP 4 LABELS fixture TIMEOUT 900)
+# The memory plan from configs alone (xfuser-run --dry_run), against the plan from the weights.
+xfuser_add_test(test_memory_plan.cpp LABELS fixture TIMEOUT 300)

@@ -13,8 +13,8 @@
 #include <gtest/gtest.h>
 
 #include "models/common/component.h"
-#include "models/weights/component_folder.h"
 #include "models/registry.h"
+#include "models/weights/component_folder.h"
 #include "models/xfuser_model.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_groups.h"

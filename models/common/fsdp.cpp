@@ -40,9 +40,9 @@ struct FsdpGroup final : ParamGroup {
     void point_at_shards() const { point_at(tensor.shard, data.shard, scale.shard); }
   };
   std::vector<Entry> entries;
-  int64_t bytes = 0;        // whole parameters
-  int64_t shard_bytes = 0;  // this rank's chunks
-  bool gathered = false;    // gathered or being gathered
+  int64_t bytes = 0;                // whole parameters
+  int64_t shard_bytes = 0;          // this rank's chunks
+  bool gathered = false;            // gathered or being gathered
   std::vector<at::Tensor> buffers;  // the gathers' outputs (the whole parameters are views)
   at::Tensor identity;              // [size, 2] int64 after the gather (bytes until then)
   std::unique_ptr<parallel::Work> work;
@@ -172,7 +172,8 @@ void FsdpSharder::add_component(const std::string& name, std::shared_ptr<Module>
     const auto key = block_list_key(pname, block_prefixes);
     if (key.first >= 0) {
       auto& b = blocks[key];
-      if (!b) b = new_group(name + ": " + block_prefixes[key.first] + std::to_string(key.second), true);
+      if (!b)
+        b = new_group(name + ": " + block_prefixes[key.first] + std::to_string(key.second), true);
       g = b;
     }
     FsdpGroup::Entry e;
@@ -320,8 +321,8 @@ void FsdpSharder::wait(FsdpGroup& g) {
     check_identities();
   } else {
     // Read at release_all: a host read here would stall the device's queue.
-    at::Tensor host = at::empty(ids.sizes(), ids.options().device(at::kCPU).pinned_memory(
-                                                 device_.is_cuda()));
+    at::Tensor host =
+        at::empty(ids.sizes(), ids.options().device(at::kCPU).pinned_memory(device_.is_cuda()));
     host.copy_(ids, /*non_blocking=*/true);
     unchecked_.emplace_back(host, &g);
   }

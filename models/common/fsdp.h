@@ -44,16 +44,16 @@ namespace xfuser::models {
 struct FsdpStats {
   int group_size = 1;
   int components = 0;
-  int blocks = 0;                 // block groups over all components
-  int64_t model_bytes = 0;        // the whole parameters of the sharded components
-  int64_t shard_bytes = 0;        // this rank's chunks (padded), held all the time
-  int64_t replicated_bytes = 0;   // parameters too small to shard, held whole
-  int64_t gathered_bytes = 0;     // whole parameters gathered now
+  int blocks = 0;                // block groups over all components
+  int64_t model_bytes = 0;       // the whole parameters of the sharded components
+  int64_t shard_bytes = 0;       // this rank's chunks (padded), held all the time
+  int64_t replicated_bytes = 0;  // parameters too small to shard, held whole
+  int64_t gathered_bytes = 0;    // whole parameters gathered now
   int64_t peak_gathered_bytes = 0;
-  int64_t resident_bytes = 0;     // shard + replicated + gathered, now
+  int64_t resident_bytes = 0;  // shard + replicated + gathered, now
   int64_t peak_resident_bytes = 0;
-  int64_t gathers = 0;            // groups gathered
-  int64_t gather_bytes = 0;       // whole bytes of the gathered groups, in all
+  int64_t gathers = 0;       // groups gathered
+  int64_t gather_bytes = 0;  // whole bytes of the gathered groups, in all
   int64_t largest_block_bytes = 0;
   int64_t largest_rest_bytes = 0;  // a component's parameters outside its blocks
   // shard + replicated + the largest (rest + two largest blocks) of a component: the most the

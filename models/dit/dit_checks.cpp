@@ -17,16 +17,30 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Parameters of a component folder, from its weight headers (memory-mapped, no data read).
-uint64_t parameter_count(const fs::path& dir) {
-  const ComponentFolder folder = open_component_folder(dir.string());
+using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+// Every tensor of a component folder: from its weight headers (memory-mapped, no data read), or,
+// for a folder with its config.json alone, from the module the config builds (a transformer
+// through the family's DiT factory).
+Shapes folder_shapes(const fs::path& dir, bool transformer) {
+  if (!transformer) return component_tensor_shapes(dir.string());
+  return component_tensor_shapes(dir.string(), [&](const ComponentFolder&) {
+    return std::static_pointer_cast<Module>(describe_dit_transformer(dir.string()));
+  });
+}
+
+uint64_t parameter_count(const Shapes& shapes) {
   uint64_t count = 0;
-  for (const auto& name : folder.weights->names()) {
+  for (const auto& [name, shape] : shapes) {
     uint64_t n = 1;
-    for (int64_t d : folder.weights->info(name).shape) n *= static_cast<uint64_t>(d);
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
     count += n;
   }
   return count;
+}
+
+uint64_t parameter_count(const fs::path& dir, bool transformer = false) {
+  return parameter_count(folder_shapes(dir, transformer));
 }
 
 // Under FSDP: a component's parameters, and the most of them it gathers at once (its parameters
@@ -36,16 +50,20 @@ struct ShardedCount {
   uint64_t gathered = 0;
 };
 
-ShardedCount sharded_count(const fs::path& dir, std::vector<std::string> block_prefixes) {
-  const ComponentFolder folder = open_component_folder(dir.string());
-  const auto names = folder.weights->names();
-  if (block_prefixes.empty()) block_prefixes = FsdpSharder::find_block_prefixes(names);
+ShardedCount sharded_count(const fs::path& dir, bool transformer,
+                           std::vector<std::string> block_prefixes) {
+  const Shapes shapes = folder_shapes(dir, transformer);
+  if (block_prefixes.empty()) {
+    std::vector<std::string> names;
+    for (const auto& [name, shape] : shapes) names.push_back(name);
+    block_prefixes = FsdpSharder::find_block_prefixes(names);
+  }
   std::map<std::pair<int, int64_t>, uint64_t> blocks;
   uint64_t rest = 0;
   ShardedCount c;
-  for (const auto& name : names) {
+  for (const auto& [name, shape] : shapes) {
     uint64_t n = 1;
-    for (int64_t d : folder.weights->info(name).shape) n *= static_cast<uint64_t>(d);
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
     c.total += n;
     const auto key = block_list_key(name, block_prefixes);
     (key.first >= 0 ? blocks[key] : rest) += n;
@@ -68,7 +86,7 @@ ShardedCount sharded_count(const fs::path& dir, std::vector<std::string> block_p
 MemoryEstimate check_dit_run(const fs::path& dir, const RunLayout& run, const DiTRunTraits& t) {
   const auto model = describe_dit_transformer((dir / "transformer").string());
   const std::string config_path = (dir / "transformer" / "config.json").string();
-  const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
+  const ComponentFolder vae_folder = open_component_config((dir / "vae").string());
   // The VAE's widest level, pixels per latent pixel and tile size (the caller's for other VAEs).
   int64_t vae_channels = t.vae_max_channels, vae_scale = t.vae_scale, vae_sample_size = 0;
   if (vae_channels == 0) {
@@ -109,16 +127,18 @@ MemoryEstimate check_dit_run(const fs::path& dir, const RunLayout& run, const Di
   const uint64_t bytes = static_cast<uint64_t>(run.bytes_per_element);
   MemoryEstimate m;
   const uint64_t transformer_params =
-      parameter_count(dir / "transformer") / (run.tensor * run.pipefusion);
+      parameter_count(dir / "transformer", true) / (run.tensor * run.pipefusion);
   uint64_t params = 0;
-  for (const auto& part : t.components) params += parameter_count(dir / part);
+  for (const auto& part : t.components) {
+    params += parameter_count(dir / part, part == "transformer_2");
+  }
   m.weights = params * bytes +
               transformer_params * static_cast<uint64_t>(run.transformer_bytes_per_element);
   if (run.fsdp > 1) {
     // FSDP: 1/N of every component but the VAE, plus what one component gathers at once.
     const uint64_t n = static_cast<uint64_t>(run.fsdp);
     const uint64_t tbytes = static_cast<uint64_t>(run.transformer_bytes_per_element);
-    const ShardedCount tr = sharded_count(dir / "transformer", model->block_list_prefixes());
+    const ShardedCount tr = sharded_count(dir / "transformer", true, model->block_list_prefixes());
     uint64_t shards = (tr.total + n - 1) / n * tbytes;
     uint64_t gathered = tr.gathered * tbytes;
     for (const auto& part : t.components) {
@@ -128,7 +148,7 @@ MemoryEstimate check_dit_run(const fs::path& dir, const RunLayout& run, const Di
       }
       const bool expert = part == "transformer_2";
       const ShardedCount c = sharded_count(
-          dir / part, expert ? model->block_list_prefixes() : std::vector<std::string>{});
+          dir / part, expert, expert ? model->block_list_prefixes() : std::vector<std::string>{});
       const uint64_t b = expert ? tbytes : bytes;
       shards += (c.total + n - 1) / n * b;
       gathered = std::max(gathered, c.gathered * b);

@@ -119,8 +119,8 @@ WeightFormat dit_weight_format(const DiTTransformer& model, const WeightFormat& 
 }
 
 std::shared_ptr<DiTTransformer> describe_dit_transformer(const std::string& dir) {
-  // Opening maps the weights without reading them; the model declares shapes only.
-  ComponentFolder folder = open_component_folder(dir);
+  // The config alone: the model declares shapes only (no weights needed).
+  ComponentFolder folder = open_component_config(dir);
   return factory_for(folder)(folder.config, folder.config_path, DiTPart{}, TensorParallel{});
 }
 

@@ -14,7 +14,7 @@ namespace xfuser::models::flux {
 namespace fs = std::filesystem;
 
 MemoryEstimate check_flux_run(const fs::path& dir, const RunLayout& run) {
-  const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
+  const ComponentFolder vae_folder = open_component_config((dir / "vae").string());
   const auto vae = vae::AutoencoderKLConfig::from_json(vae_folder.config, vae_folder.config_path);
   dit::DiTRunTraits t;
   t.family = "FLUX";

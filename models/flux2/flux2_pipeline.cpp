@@ -336,9 +336,9 @@ void Flux2Model::decode(State& base) {
 }
 
 MemoryEstimate check_flux2_run(const fs::path& dir, const RunLayout& run) {
-  const ComponentFolder transformer = open_component_folder((dir / "transformer").string());
+  const ComponentFolder transformer = open_component_config((dir / "transformer").string());
   const Flux2Config config = Flux2Config::from_json(transformer.config, transformer.config_path);
-  const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
+  const ComponentFolder vae_folder = open_component_config((dir / "vae").string());
   const auto blocks = vae_folder.config.value("block_out_channels", std::vector<int64_t>{});
   XF_CHECK(!blocks.empty(), vae_folder.config_path, ": block_out_channels is missing or empty");
   const int64_t vae_scale = int64_t{1} << (blocks.size() - 1);

@@ -372,10 +372,10 @@ void HunyuanVideoModel::decode(State& base) {
 }
 
 MemoryEstimate check_hunyuan_video_run(const fs::path& dir, const RunLayout& run) {
-  const ComponentFolder transformer = open_component_folder((dir / "transformer").string());
+  const ComponentFolder transformer = open_component_config((dir / "transformer").string());
   const HunyuanVideoConfig config =
       HunyuanVideoConfig::from_json(transformer.config, transformer.config_path);
-  const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
+  const ComponentFolder vae_folder = open_component_config((dir / "vae").string());
   const HunyuanVideoVAEConfig vae =
       HunyuanVideoVAEConfig::from_json(vae_folder.config, vae_folder.config_path);
   const int64_t temporal = vae.temporal_compression_ratio;

@@ -473,10 +473,10 @@ void HunyuanVideo15Model::decode(State& base) {
 }
 
 MemoryEstimate check_hunyuan_video15_run(const fs::path& dir, const RunLayout& run) {
-  const ComponentFolder transformer = open_component_folder((dir / "transformer").string());
+  const ComponentFolder transformer = open_component_config((dir / "transformer").string());
   const HunyuanVideo15Config config =
       HunyuanVideo15Config::from_json(transformer.config, transformer.config_path);
-  const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
+  const ComponentFolder vae_folder = open_component_config((dir / "vae").string());
   const int64_t temporal =
       cfg<int64_t>(vae_folder.config, "temporal_compression_ratio", 4, vae_folder.config_path);
   const int64_t spatial =
@@ -557,9 +557,9 @@ std::vector<ModelSpec> model_specs() {
   i2v.pipeline_classes = {"HunyuanVideo15ImageToVideoPipeline"};
   // The folder's bucket for the picture (diffusers' i2v call takes no height / width).
   i2v.size_from_picture = [](const fs::path& dir, int64_t height, int64_t width) {
-    const ComponentFolder t = open_component_folder((dir / "transformer").string());
+    const ComponentFolder t = open_component_config((dir / "transformer").string());
     const auto config = HunyuanVideo15Config::from_json(t.config, t.config_path);
-    const ComponentFolder v = open_component_folder((dir / "vae").string());
+    const ComponentFolder v = open_component_config((dir / "vae").string());
     const int64_t spatial = cfg<int64_t>(v.config, "spatial_compression_ratio", 16, v.config_path);
     const auto [h, w] = default_height_width(height, width, config.target_size, spatial);
     return std::pair<int, int>(static_cast<int>(h), static_cast<int>(w));

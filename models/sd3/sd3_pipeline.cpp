@@ -240,9 +240,9 @@ void SD3Model::decode(State& base) {
 }
 
 MemoryEstimate check_sd3_run(const fs::path& dir, const RunLayout& run) {
-  const ComponentFolder transformer = open_component_folder((dir / "transformer").string());
+  const ComponentFolder transformer = open_component_config((dir / "transformer").string());
   const SD3Config config = SD3Config::from_json(transformer.config, transformer.config_path);
-  const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
+  const ComponentFolder vae_folder = open_component_config((dir / "vae").string());
   const auto vae = vae::AutoencoderKLConfig::from_json(vae_folder.config, vae_folder.config_path);
   const nlohmann::json index = read_model_index(dir);
   dit::DiTRunTraits t;

@@ -464,9 +464,9 @@ void WanModel::decode(State& base) {
 }
 
 MemoryEstimate check_wan_run(const fs::path& dir, const RunLayout& run) {
-  const ComponentFolder transformer = open_component_folder((dir / "transformer").string());
+  const ComponentFolder transformer = open_component_config((dir / "transformer").string());
   const WanConfig config = WanConfig::from_json(transformer.config, transformer.config_path);
-  const ComponentFolder vae_folder = open_component_folder((dir / "vae").string());
+  const ComponentFolder vae_folder = open_component_config((dir / "vae").string());
   const WanVAEConfig vae = WanVAEConfig::from_json(vae_folder.config, vae_folder.config_path);
   int64_t temporal = 1;
   for (bool down : vae.temperal_downsample) temporal *= down ? 2 : 1;

@@ -106,6 +106,43 @@ std::string config_defaults_note(const std::string& weights) {
 namespace detail {}  // namespace detail
 
 ComponentFolder open_component_folder(const std::string& dir, const std::string& variant) {
+  ComponentFolder folder = open_component_config(dir);
+  XF_CONTEXT("opening component folder ", dir);
+  folder.weights = open_checkpoint(dir, variant);
+  return folder;
+}
+
+bool has_weight_files(const std::string& dir, const std::string& variant) {
+  for (const auto& name : checkpoint_file_names(variant)) {
+    if (fs::exists(fs::path(dir) / name)) return true;
+  }
+  return false;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> component_tensor_shapes(
+    const std::string& dir,
+    const std::function<std::shared_ptr<Module>(const ComponentFolder&)>& build) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  if (has_weight_files(dir)) {
+    const ComponentFolder folder = open_component_folder(dir);
+    for (const auto& name : folder.weights->names()) {
+      out.emplace_back(name, folder.weights->info(name).shape);
+    }
+    return out;
+  }
+  const ComponentFolder folder = open_component_config(dir);
+  XF_CONTEXT("the parameter shapes of ", folder.class_name, " from ", folder.config_path,
+             " (the folder has no weights)");
+  std::shared_ptr<Module> module =
+      build ? build(folder)
+            : ComponentRegistry::create(folder.class_name, folder.config, folder.config_path);
+  for (const auto& [name, slot] : module->named_parameters()) {
+    out.emplace_back(name, slot->stored_shape());
+  }
+  return out;
+}
+
+ComponentFolder open_component_config(const std::string& dir) {
   XF_CONTEXT("opening component folder ", dir);
   ComponentFolder folder;
   folder.dir = dir;
@@ -152,7 +189,6 @@ ComponentFolder open_component_folder(const std::string& dir, const std::string&
              "' is not supported; xfuser reads fp8 checkpoints with per-row weight_scale tensors "
              "('bfl', fp8r) and quantizes at load with --use_fp8_gemms / --fp8_storage");
   }
-  folder.weights = open_checkpoint(dir, variant);
   return folder;
 }
 

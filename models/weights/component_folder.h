@@ -4,11 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <c10/core/ScalarType.h>
@@ -31,6 +33,19 @@ struct ComponentFolder {
 // Reads dir/config.json and opens the weights with open_checkpoint(dir, variant). Errors name
 // the file: a missing or unreadable config.json, bad JSON, no class name, no weights.
 ComponentFolder open_component_folder(const std::string& dir, const std::string& variant = "");
+// The same without the weights (`weights` stays null): a folder may hold its config.json alone.
+ComponentFolder open_component_config(const std::string& dir);
+// Whether `dir` holds weights open_checkpoint() would open (one of checkpoint_file_names()).
+bool has_weight_files(const std::string& dir, const std::string& variant = "");
+
+// Every tensor of a component folder as (name, shape): from the weight headers (memory-mapped, no
+// data read) when the folder has weights, else from the module its config.json builds, which
+// declares the shapes of every parameter it would load (no memory is allocated). So a memory
+// plan needs only the configs of a model (a few kilobytes), not its weights.
+// `build`: makes the module from the config-only folder; null: ComponentRegistry::create.
+std::vector<std::pair<std::string, std::vector<int64_t>>> component_tensor_shapes(
+    const std::string& dir,
+    const std::function<std::shared_ptr<Module>(const ComponentFolder&)>& build = nullptr);
 
 // open_component_folder -> ComponentRegistry::create(class, config) -> load(weights, dtype).
 // The component classes must be registered first (register_builtin_components()).
