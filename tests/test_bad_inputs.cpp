@@ -138,6 +138,8 @@ std::vector<Case> cases() {
       flags("FsdpOnOneGenerationRank", kRun + "--use_fsdp",
             {"--use_fsdp shards the weights over the ranks that run a generation together",
              "ulysses 1, ring 1, cfg 1"}),
+      flags("DeviceMemoryWithoutDryRun", kRun + "--device_memory_gib 80",
+            {"--device_memory_gib is read by --dry_run's plan: give --dry_run too"}),
       flags("FsdpWithCpuOffload", kRun + "--use_fsdp --enable_model_cpu_offload",
             {"--use_fsdp with --enable_model_cpu_offload is not supported"}),
       flags("BothCpuOffloads", kRun + "--enable_model_cpu_offload --enable_sequential_cpu_offload",
