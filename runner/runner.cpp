@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iomanip>
 #include <optional>
+#include <cstring>
 #include <set>
 #include <sstream>
 
@@ -700,6 +701,17 @@ std::optional<models::MemoryEstimate> estimate_memory(const ResolvedArgs& args,
   return args.spec->check_run(model_dir, run_layout(args));
 }
 
+std::vector<std::pair<std::string, std::vector<int>>> Runner::layout_groups() const {
+  std::vector<std::pair<std::string, std::vector<int>>> out;
+  if (!groups_) return out;
+  for (parallel::MeshDim dim : parallel::kAllMeshDims) {
+    const parallel::Communicator& g = groups_->group(dim);
+    out.emplace_back(g.name(), g.world_ranks());
+  }
+  if (groups_->fsdp()) out.emplace_back(groups_->fsdp()->name(), groups_->fsdp()->world_ranks());
+  return out;
+}
+
 int print_memory_plan(const RunConfig& config) {
   Runner runner(config);
   const ResolvedArgs args = runner.preprocess_args();
@@ -789,6 +801,34 @@ void Runner::initialize(const ResolvedArgs& args) {
   check_free_space(args.config.output_directory, estimated_output_bytes(args),
                    "this rank's images and reports");
   check_stop_requested("before loading the model");
+  if (groups_) {
+    // Where every rank runs (its host name), for the report's group layout and a warning when
+    // a group that talks every layer (Ulysses, tensor, FSDP) crosses hosts.
+    char name[64] = {};
+    ::gethostname(name, sizeof(name) - 1);
+    at::Tensor mine = at::zeros({64}, at::kByte);
+    std::memcpy(mine.data_ptr<uint8_t>(), name, std::strlen(name));
+    const at::Tensor all = groups_->world().all_gather(mine, 0).contiguous();
+    hosts_.clear();
+    for (int r = 0; r < groups_->config().world_size(); ++r) {
+      const auto* p = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + 64 * r;
+      hosts_.emplace_back(p, strnlen(p, 64));
+    }
+    if (groups_->rank() == 0) {
+      for (const auto& [label, members] : layout_groups()) {
+        std::set<std::string> on;
+        for (int m : members) on.insert(hosts_[m]);
+        if (on.size() > 1 && (label.rfind("ulysses", 0) == 0 || label.rfind("tp", 0) == 0)) {
+          spdlog::warn(
+              "group {} spans {} hosts: its all-to-alls (Ulysses) or all-reduces (tensor "
+              "parallel) run every layer over the network; launch so that its ranks share a "
+              "host (consecutive ranks per host: mpirun --map-by slot, or fewer ranks of this "
+              "degree than GPUs per host)",
+              label, on.size());
+        }
+      }
+    }
+  }
   model_dir_ = resolve_model_dir(args);
   // The layout against the model's configs and the memory the run needs, before any weight.
   plan_ = check_before_loading(args, model_dir_);
@@ -1101,6 +1141,17 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
     report["device"] = backends::device_name(args.device);
     // The plane of device tensors: "mpi+nccl", "mpi" (through host memory), or "none" (1 rank).
     report["comm_backend"] = groups_ ? groups_->world().backend() : "none";
+    if (groups_ && !hosts_.empty()) {
+      // The mesh as laid out: every rank's host, and each of this rank's groups with the hosts
+      // of its members.
+      nlohmann::json groups = nlohmann::json::object();
+      for (const auto& [label, members] : layout_groups()) {
+        nlohmann::json on = nlohmann::json::array();
+        for (int m : members) on.push_back(hosts_[m]);
+        groups[label] = on;
+      }
+      report["layout"] = {{"hosts", hosts_}, {"groups", groups}};
+    }
     const char* attention_backend = backends::attention_kernel_name(args.attention_kernel);
     report["config"] = {{"height", args.request.height},
                         {"width", args.request.width},

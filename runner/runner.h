@@ -128,12 +128,15 @@ class Runner {
                                            const std::vector<double>& mine) const;
   int rank() const;
   bool writes_timings() const;
+  // Each of this rank's groups: (name, world ranks of its members).
+  std::vector<std::pair<std::string, std::vector<int>>> layout_groups() const;
 
   RunConfig config_;
   std::shared_ptr<parallel::ProcessGroups> groups_;
   std::unique_ptr<models::XFuserModel> model_;
   std::filesystem::path model_dir_;
   std::optional<models::MemoryEstimate> plan_;  // the pre-load estimate, for the report
+  std::vector<std::string> hosts_;              // every world rank's host name
   mutable std::unique_ptr<OutputDirectoryLock> lock_;
 };
 

@@ -340,6 +340,13 @@ TEST_F(XfuserRun, UnderMpirunEveryStrategyWritesTheSerialImages) {
         EXPECT_LE(f["peak_resident_parameter_bytes"].get<int64_t>(),
                   f["bound_bytes"].get<int64_t>());
         EXPECT_EQ(report["config"]["use_fsdp"], true);
+        // The layout: every rank's host, and this rank's groups with their members' hosts.
+        const auto& layout = report["layout"];
+        EXPECT_EQ(layout["hosts"].size(), 4u) << layout.dump();
+        const std::string fsdp_group = r < 2 ? "fsdp[0,1]" : "fsdp[2,3]";
+        ASSERT_TRUE(layout["groups"].contains(fsdp_group)) << layout.dump();
+        EXPECT_EQ(layout["groups"][fsdp_group].size(), 2u);
+        EXPECT_EQ(layout["groups"][fsdp_group][0], layout["hosts"][r < 2 ? 0 : 2]);
         continue;
       }
       if (c.flags != "--ulysses_degree 2") continue;
