@@ -17,6 +17,8 @@ PACKAGES=(
   libsentencepiece-dev sentencepiece libicu-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev jq
+  # two simulated hosts for the multi-node test (network namespaces: scripts/two-hosts-mpirun.sh)
+  iproute2 util-linux
 )
 for arg in "$@"; do
   case "$arg" in

@@ -8,3 +8,5 @@ xfuser_add_test(test_fsdp_parallel.cpp MPI_MAIN NP 2 LABELS fixture TIMEOUT 900)
 xfuser_add_test(test_fsdp_parallel.cpp NP 4 LABELS fixture TIMEOUT 900)
 # The memory plan from configs alone (xfuser-run --dry_run), against the plan from the weights.
 xfuser_add_test(test_memory_plan.cpp LABELS fixture TIMEOUT 300)
+# Two simulated hosts (network namespaces, Open MPI over TCP): the group layout across hosts.
+xfuser_add_test(test_two_hosts.cpp LABELS mpi TIMEOUT 300)
