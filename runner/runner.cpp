@@ -7,10 +7,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <optional>
-#include <cstring>
 #include <set>
 #include <sstream>
 
@@ -741,6 +741,11 @@ int print_memory_plan(const RunConfig& config) {
   std::printf("per rank: weights %s, activations %s, attention scratch %s: total %s\n",
               gib(m->weights).c_str(), gib(m->activations).c_str(), gib(m->attention).c_str(),
               gib(m->total()).c_str());
+  // The same in bytes, for scripts (bench/run_plan).
+  std::printf(
+      "plan_bytes: weights=%llu activations=%llu attention=%llu total=%llu\n",
+      static_cast<unsigned long long>(m->weights), static_cast<unsigned long long>(m->activations),
+      static_cast<unsigned long long>(m->attention), static_cast<unsigned long long>(m->total()));
   if (args.offload != models::OffloadMode::kNone) {
     std::printf(
         "note: --enable_%s_cpu_offload keeps the weights in host memory; the device "

@@ -118,8 +118,7 @@ TEST(MemoryPlanCli, DryRunPrintsThePlanOfAConfigOnlyFolder) {
   EXPECT_NE(xfuser::testing::run_command(
                 bin + " --model tiny-flux --prompt x --device_memory_gib 80", &log),
             0);
-  EXPECT_NE(log.find("--device_memory_gib is read by --dry_run's plan"), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("--device_memory_gib is read by --dry_run's plan"), std::string::npos) << log;
 }
 
 }  // namespace
