@@ -15,6 +15,8 @@
 #include "models/common/fsdp.h"
 #include "models/common/module.h"
 #include "models/weights/tensor_source.h"
+#include "parallel/two_plane_communicator.h"
+#include "tests/checked_device.h"
 #include "tests/mpi_test_main.h"
 #include "tests/test_util.h"
 
@@ -189,6 +191,34 @@ TEST(Fsdp, Fp8WeightsGatherTheirValuesAndScales) {
     EXPECT_TRUE(toy->blocks[i]->value().equal(whole.blocks[i]->value())) << i;
   }
   sharder.release_all();
+}
+
+// On a device with its own memory (the checked device, libtorch >= 2.4) behind a two-plane world
+// without a device plane (a GPU run with --comm_backend mpi): the chunks live on the device, the
+// gathers are staged through host memory, and every value read is the checkpoint's, on the
+// device.
+TEST(Fsdp, DeviceChunksGatherThroughTheHostPlane) {
+  if (!xfuser::testing::checked_device_available()) GTEST_SKIP() << "needs libtorch >= 2.4";
+  const c10::Device device = xfuser::testing::checked_device();
+  auto host =
+      std::shared_ptr<xfuser::parallel::Communicator>(g_world->split(0, g_world->rank(), "world"));
+  xfuser::parallel::TwoPlaneCommunicator two(host, nullptr);
+  const TensorMapSource source(checkpoint(), "toy");
+  FsdpSharder sharder(two, device);
+  auto toy = std::make_shared<Toy>();
+  LoadOptions options;
+  sharder.configure(options);
+  options.device = device;
+  toy->load(source, at::kFloat, "", options);
+  sharder.add_component("toy", toy, {"blocks."});
+  for (auto& [name, slot] : toy->named_parameters()) {
+    const at::Tensor v = slot->value();
+    EXPECT_EQ(v.device(), device) << name;
+    EXPECT_TRUE(v.cpu().equal(source.get(name))) << name;
+  }
+  sharder.release_all();
+  EXPECT_EQ(sharder.stats().gathered_bytes, 0);
+  if (g_world->size() > 1) EXPECT_GT(two.stats().at("all_gather").calls, 0);
 }
 
 // Rank 0 reads block 1 while the others read block 0: the gathers carry the groups' identities,
