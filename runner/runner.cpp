@@ -1268,8 +1268,8 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
     }
     if (model_ && model_->fsdp()) {
       // Parameter bytes this rank holds under FSDP: its shards, what is replicated, and the
-      // whole blocks gathered at the peak, against the bound (shards + a component's rest and
-      // its two largest blocks).
+      // whole parameters gathered at the peak, against the bound (shards + two blocks, or a
+      // component's rest and one block).
       const models::FsdpStats f = model_->fsdp()->stats();
       report["memory"]["fsdp"] = {{"group", model_->fsdp()->group().name()},
                                   {"group_size", f.group_size},

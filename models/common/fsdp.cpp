@@ -216,8 +216,8 @@ void FsdpSharder::add_component(const std::string& name, std::shared_ptr<Module>
   stats_.resident_bytes = stats_.shard_bytes + stats_.replicated_bytes + stats_.gathered_bytes;
   stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, stats_.resident_bytes);
   components_.push_back(std::move(comp));
-  // The bound: every shard, plus the most one component gathers at once (its rest and its two
-  // largest blocks).
+  // The bound: every shard, plus the most one component gathers at once: two blocks while the
+  // blocks run, or its rest and the block prefetched for the next step.
   int64_t gathered_bound = 0;
   for (const auto& c : components_) {
     int64_t l = 0, s = 0, r = 0;
@@ -231,7 +231,7 @@ void FsdpSharder::add_component(const std::string& name, std::shared_ptr<Module>
         s = std::max(s, g->bytes);
       }
     }
-    gathered_bound = std::max(gathered_bound, r + l + s);
+    gathered_bound = std::max(gathered_bound, std::max(l + s, r + l));
   }
   stats_.bound_bytes = stats_.shard_bytes + stats_.replicated_bytes + gathered_bound;
 }
@@ -244,10 +244,19 @@ void FsdpSharder::use(FsdpGroup& g) {
     active_ = &c;
   }
   if (!g.block) {
+    // The rest is read before the blocks (embedders) and after them (final norm and
+    // projection): the block that ran last is done, so it goes first; the one prefetched for the
+    // next step stays.
+    if (active_block_ != nullptr) release(*active_block_);
     if (!g.gathered) gather(g);
     wait(g);
     g.in_use = true;
     return;
+  }
+  // A block: the rest of its component goes while the blocks run, so the component never holds
+  // its rest and two blocks at once.
+  for (auto& other : c.groups) {
+    if (!other->block && other->gathered) release(*other);
   }
   if (active_block_ != nullptr && active_block_ != &g) release(*active_block_);
   if (prefetched_ == &g) prefetched_ = nullptr;

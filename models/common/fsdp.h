@@ -15,9 +15,11 @@
 //   is freed and the next block's gather is posted at once, so it overlaps the current block's
 //   compute (asynchronous on NCCL; MPI's non-blocking gathers progress as far as MPI allows).
 //   Blocks are prefetched in forward order, cyclically, so a denoising loop finds block 0 on
-//   its way after the last one. The rest of a component stays gathered while it is in use;
-//   when another component is first used, every group of the previous one is freed. At the end
-//   of a generation everything returns to shards.
+//   its way after the last one. The rest of a component is freed when its first block runs and
+//   gathered again when it is read after the blocks (the last block freed then), so a component
+//   holds two blocks, or its rest and one block, at once. When another component is first
+//   used, every group of the previous one is freed. At the end of a generation everything
+//   returns to shards.
 // - Lockstep: every rank of the group must gather the same groups in the same order (they run
 //   the same forwards on different data: Ulysses, ring and CFG ranks). Each gather carries the
 //   group's identity; a rank that gathered another group fails with both names.
@@ -56,8 +58,8 @@ struct FsdpStats {
   int64_t gather_bytes = 0;  // whole bytes of the gathered groups, in all
   int64_t largest_block_bytes = 0;
   int64_t largest_rest_bytes = 0;  // a component's parameters outside its blocks
-  // shard + replicated + the largest (rest + two largest blocks) of a component: the most the
-  // sharder can hold at once; peak_resident_bytes never exceeds it.
+  // shard + replicated + the most a component gathers at once (its two largest blocks, or its
+  // rest and its largest block); peak_resident_bytes never exceeds it.
   int64_t bound_bytes = 0;
 };
 

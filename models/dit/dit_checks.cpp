@@ -43,8 +43,8 @@ uint64_t parameter_count(const fs::path& dir, bool transformer = false) {
   return parameter_count(folder_shapes(dir, transformer));
 }
 
-// Under FSDP: a component's parameters, and the most of them it gathers at once (its parameters
-// outside the blocks and its two largest blocks; models/common/fsdp.h), from the weight headers.
+// Under FSDP: a component's parameters, and the most of them it gathers at once (two blocks, or
+// its parameters outside the blocks and one block; models/common/fsdp.h).
 struct ShardedCount {
   uint64_t total = 0;
   uint64_t gathered = 0;
@@ -77,7 +77,7 @@ ShardedCount sharded_count(const fs::path& dir, bool transformer,
       second = std::max(second, n);
     }
   }
-  c.gathered = rest + largest + second;
+  c.gathered = std::max(largest + second, rest + largest);
   return c;
 }
 
