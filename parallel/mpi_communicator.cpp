@@ -52,6 +52,21 @@ void park(std::vector<MPI_Request>& requests, std::vector<at::Tensor> tensors) {
   requests.clear();
 }
 
+// A Work dropped before it was waited for: nothing to do when its requests completed; else MPI
+// may still touch `tensors`, so they are kept for the rest of the process (park) and the caller
+// marks its communicator broken. Returns whether the requests were still pending.
+bool park_if_pending(std::vector<MPI_Request>& requests, std::vector<at::Tensor> tensors) {
+  if (requests.empty()) return false;
+  int flag = 0;
+  if (MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE) ==
+          MPI_SUCCESS &&
+      flag) {
+    return false;
+  }
+  park(requests, std::move(tensors));
+  return true;
+}
+
 bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
 MPI_Datatype mpi_type(at::ScalarType t, const char* op) {
@@ -128,16 +143,9 @@ class MpiWork : public Work {
         peer_(peer) {}
 
   ~MpiWork() override {
-    if (done_ || requests_.empty()) return;
-    int flag = 0;
-    if (MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
-                    MPI_STATUSES_IGNORE) == MPI_SUCCESS &&
-        flag) {
-      return;
-    }
-    // Still pending: MPI may still touch the buffer; keep it for the rest of the process and
-    // refuse further use of the communicator (a pending receive could match a later message).
-    park(requests_, {buffer_, target_});
+    // Still pending: refuse further use of the communicator (a pending receive could match a
+    // later message).
+    if (done_ || !park_if_pending(requests_, {buffer_, target_})) return;
     if (comm_->broken_.empty()) comm_->broken_ = std::string(op_) + " (a pending Work was dropped)";
   }
 
@@ -213,16 +221,9 @@ class MpiGatherWork : public Work {
         pair_bytes_(std::move(pair_bytes)) {}
 
   ~MpiGatherWork() override {
-    if (done_ || requests_.empty()) return;
-    int flag = 0;
-    if (MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
-                    MPI_STATUSES_IGNORE) == MPI_SUCCESS &&
-        flag) {
-      return;
-    }
-    // MPI may still write the outputs: keep them for the rest of the process; the collective
-    // sequence of the group is broken (the members would disagree on the next one).
-    park(requests_, keep_);
+    // Still pending: the collective sequence of the group is broken (the members would
+    // disagree on the next one).
+    if (done_ || !park_if_pending(requests_, keep_)) return;
     if (comm_->broken_.empty()) comm_->broken_ = "all_gather_into (a pending Work was dropped)";
   }
 
