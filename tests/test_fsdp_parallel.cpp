@@ -46,7 +46,8 @@ struct FsdpCase {
 
 std::vector<FsdpCase> fsdp_cases() {
   std::vector<FsdpCase> out;
-  for (const auto& p : xfuser::testing::committed_tiny_pipelines()) out.push_back({p, 1, 1, 2, 1});
+  for (const auto& p : xfuser::testing::committed_tiny_pipelines())
+    out.push_back({p, 1, 1, 2, 1, {}});
   // CFG parallel needs guidance: the cases that run it.
   out.push_back({"flux-tiny", 1, 2, 1, 1, {"true_cfg"}});
   out.push_back({"sd3-tiny", 1, 2, 1, 1, {"cfg_negative"}});
