@@ -16,6 +16,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "backends/error.h"
+#include "backends/memory.h"
 
 #if XFUSER_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -132,6 +133,32 @@ DeviceMemoryStats device_memory_stats(const c10::Device& device) {
   }
 #endif
   return out;
+}
+
+TensorMemory tensor_memory(const c10::Device& device) {
+  TensorMemory out;
+  if (device.is_cpu()) {
+    const HostTensorMemory m = host_tensor_memory();
+    out.available = m.tracked;
+    out.allocated = m.allocated;
+    out.peak = m.peak;
+    return out;
+  }
+  const DeviceMemoryStats stats = device_memory_stats(device);
+  out.available = stats.available;
+  out.allocated = stats.allocated;
+  out.peak = stats.peak_allocated;
+  return out;
+}
+
+void reset_tensor_memory_peak(const c10::Device& device) {
+  if (device.is_cpu()) {
+    reset_host_tensor_peak();
+    return;
+  }
+#if XFUSER_TORCH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
 }
 
 // One pinned host buffer and the event of the last copy out of it. Everything goes through

@@ -72,6 +72,17 @@ struct DeviceMemoryStats {
 };
 DeviceMemoryStats device_memory_stats(const c10::Device& device);
 
+// Bytes the tensors of `device` hold now and at their peak since the last reset: the host
+// tensor counter on the CPU (backends/memory.h; `available` once it is installed), the caching
+// allocator's allocated bytes on CUDA. A run resets the peak after loading, so that the peak of
+// its generations can be set beside the memory plan.
+struct TensorMemory {
+  bool available = false;
+  int64_t allocated = 0, peak = 0;
+};
+TensorMemory tensor_memory(const c10::Device& device);
+void reset_tensor_memory_peak(const c10::Device& device);
+
 // Copies host tensors (a checkpoint's memory map, a converted copy) to the run's device once,
 // at load. On the CPU, upload() is a dtype conversion (a view when the dtype already matches).
 // On a GPU, each tensor is read once from host memory into one of two pinned staging buffers,

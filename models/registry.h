@@ -3,6 +3,7 @@
 // A flag the chosen model does not support is an error naming the flag and the model.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -54,7 +55,10 @@ struct RunLayout {
   int height = 0, width = 0;
   int num_frames = 0;  // video models (defaults applied); 0 for image models
   int max_sequence_length = 0;
-  int input_images = 0;         // --input_images given (editing models count their tokens)
+  int input_images = 0;  // --input_images given (editing models count their tokens)
+  // (height, width) of each --input_images picture, where the run has read them (not --dry_run
+  // without pictures).
+  std::vector<std::pair<int64_t, int64_t>> input_image_sizes;
   int batch_size = 1;           // prompts per generate() call
   bool true_cfg = false;        // every prompt has a negative prompt and true_cfg_scale > 1
   double guidance_scale = 0.0;  // the run's --guidance_scale (model default applied)
@@ -66,14 +70,22 @@ struct RunLayout {
   int threads = 1;
   // --use_fsdp: the ranks that shard the weights (ulysses x ring x cfg); 1: no FSDP.
   int fsdp = 1;
+  // The run computes on the CPU (its kernels' buffers count), else on a GPU.
+  bool cpu = true;
 };
 
-// What a run needs on one rank, estimated from the configs and the weight headers.
+// What a run needs on one rank, estimated from the configs alone (xfuser-run --dry_run).
 struct MemoryEstimate {
-  uint64_t weights = 0;      // parameters (the compute dtype; fp8 transformer weights: 1 byte)
-  uint64_t activations = 0;  // transformer and VAE activations
-  uint64_t attention = 0;    // attention scratch (scores per query block and thread)
-  uint64_t total() const { return weights + activations + attention; }
+  uint64_t weights = 0;  // parameters (each component's load dtype; fp8 transformer weights: 1)
+  // The most each stage holds beyond the weights (activations, temporaries, kernel buffers); the
+  // stages run one after another, so the run's peak is the largest of them.
+  uint64_t text_encoders = 0;  // encoding the prompt: the largest text or image encoder call
+  uint64_t image_encode = 0;   // encoding an input picture or video with the VAE (editing, I2V)
+  uint64_t transformer = 0;    // one denoising step, its communication buffers included
+  uint64_t comm = 0;           // of `transformer`: the sequence-parallel exchange buffers
+  uint64_t vae = 0;            // decoding the latents
+  uint64_t activations() const { return std::max({text_encoders, image_encode, transformer, vae}); }
+  uint64_t total() const { return weights + activations(); }
 };
 
 struct ModelSpec {

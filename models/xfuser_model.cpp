@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -65,11 +66,18 @@ void inject(const InjectedFailure& f, int step) {
 // Seconds `f` takes on `device`: the device is synchronised at the end, so the time covers the
 // kernels `f` queued, not only the queueing (the stage before ended synchronised too).
 template <typename F>
-double timed(const c10::Device& device, F&& f) {
+StageTiming timed(const c10::Device& device, const char* name, int index, F&& f) {
+  StageTiming out;
+  out.name = name;
+  out.index = index;
+  backends::reset_tensor_memory_peak(device);
   auto t0 = Clock::now();
   f();
   backends::synchronize_device(device);
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const backends::TensorMemory m = backends::tensor_memory(device);
+  if (m.available) out.peak_tensor_bytes = m.peak;
+  return out;
 }
 
 // The VAE is never sharded (as xDiT): it runs once per generation, on every rank.
@@ -85,6 +93,8 @@ void XFuserModel::load(const std::filesystem::path& pipeline_dir, const ModelLoa
   c10::InferenceMode guard;
   offloader_.reset();
   fsdp_.reset();
+  components_.clear();
+  peak_tensor_bytes_ = -1;
   load_options_ = options;
   if (options.offload != OffloadMode::kNone) {
     offloader_ = std::make_unique<Offloader>(options.offload, options.device);
@@ -145,12 +155,12 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
   {
     XF_CONTEXT("encoding the prompt");
     XF_SPAN("stage", "encode_prompt");
-    out.timings.push_back({"encode_prompt", -1, timed(device, [&] { encode_prompt(*state); })});
+    out.timings.push_back(timed(device, "encode_prompt", -1, [&] { encode_prompt(*state); }));
   }
   {
     XF_CONTEXT("preparing latents");
     XF_SPAN("stage", "prepare_latents");
-    out.timings.push_back({"prepare_latents", -1, timed(device, [&] { prepare_latents(*state); })});
+    out.timings.push_back(timed(device, "prepare_latents", -1, [&] { prepare_latents(*state); }));
   }
   const int steps = num_steps(*state);
   const auto injected = injected_failure();
@@ -159,15 +169,18 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
     profiling::Span step_span("step", "denoise_step");
     step_span.arg("step", i).arg("steps", steps);
     if (injected) inject(*injected, i);
-    out.timings.push_back({"denoise_step", i, timed(device, [&] { denoise_step(*state, i); })});
+    out.timings.push_back(timed(device, "denoise_step", i, [&] { denoise_step(*state, i); }));
     if (step_callback_) step_callback_(i + 1, steps);
   }
   {
     XF_CONTEXT("decoding");
     XF_SPAN("stage", "decode");
-    out.timings.push_back({"decode", -1, timed(device, [&] { decode(*state); })});
+    out.timings.push_back(timed(device, "decode", -1, [&] { decode(*state); }));
   }
   if (fsdp_) fsdp_->release_all();
+  for (const StageTiming& st : out.timings) {
+    peak_tensor_bytes_ = std::max(peak_tensor_bytes_, st.peak_tensor_bytes);
+  }
   // Images [B, H, W, 3]; videos [B, F, H, W, 3].
   const int64_t dims = spec_.defaults.num_frames > 0 ? 5 : 4;
   XF_CHECK(state->images.defined() && state->images.dim() == dims, spec_.id,
@@ -182,8 +195,19 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
 
 void XFuserModel::register_component(const std::string& name, std::shared_ptr<Module> component,
                                      const std::vector<std::string>& block_prefixes) {
+  components_.emplace_back(name, component);
   if (offloader_) offloader_->add_component(name, component, block_prefixes);
   if (fsdp_ && !is_vae(name)) fsdp_->add_component(name, component, block_prefixes);
+}
+
+int64_t XFuserModel::parameter_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [name, component] : components_) {
+    for (const auto& [param, slot] : std::as_const(*component).named_parameters()) {
+      bytes += slot->bytes();
+    }
+  }
+  return bytes;
 }
 
 LoadOptions XFuserModel::component_load_options(const std::string& name) const {

@@ -75,6 +75,9 @@ struct StageTiming {
   std::string name;  // encode_prompt, prepare_latents, denoise_step, decode
   int index = -1;    // step index for denoise_step, else -1
   double seconds = 0.0;
+  // The most bytes the device's tensors held during the stage (backends::tensor_memory: the
+  // loaded weights that were copied included); -1 where not counted.
+  int64_t peak_tensor_bytes = -1;
 };
 
 struct GenerationOutput {
@@ -135,6 +138,12 @@ class XFuserModel {
   // Bytes the loaded transformer(s) hold in their parameters (this rank's part; fp8 weights
   // count their values and scales); 0 for a model without one.
   virtual int64_t transformer_parameter_bytes() const { return 0; }
+  // Bytes every loaded component's parameters hold on this rank (its shards under FSDP; fp8
+  // values and scales), where they are held (host memory under CPU offload).
+  int64_t parameter_bytes() const;
+  // The most bytes the device's tensors held during any stage of any generate() since load()
+  // (-1 where not counted: backends::tensor_memory).
+  int64_t peak_tensor_bytes() const { return peak_tensor_bytes_; }
   const ModelLoadOptions& load_options() const { return load_options_; }
   // The offloader of a run with CPU offload (null without).
   const Offloader* offloader() const { return offloader_.get(); }
@@ -199,12 +208,14 @@ class XFuserModel {
  private:
   const ModelSpec& spec_;
   bool loaded_ = false;
+  int64_t peak_tensor_bytes_ = -1;
   ModelLoadOptions load_options_;
   std::function<void(int, int)> step_callback_;
   std::shared_ptr<parallel::ProcessGroups> groups_;
   std::unique_ptr<KernelTable> kernels_;
   std::unique_ptr<Offloader> offloader_;
   std::unique_ptr<FsdpSharder> fsdp_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> components_;
   std::vector<backends::BackendTimelineEntry> backend_timeline_;
 };
 

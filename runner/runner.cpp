@@ -660,6 +660,9 @@ models::RunLayout run_layout(const ResolvedArgs& args) {
   l.max_sequence_length = c.max_sequence_length.value_or(0);
   l.num_frames = c.num_frames.value_or(0);
   l.input_images = static_cast<int>(c.input_images.size());
+  for (const at::Tensor& picture : args.request.input_images) {
+    l.input_image_sizes.emplace_back(picture.size(0), picture.size(1));
+  }
   l.batch_size = args.batch_size > 0
                      ? args.batch_size
                      : std::max<int>(1, static_cast<int>(args.request.prompts.size()));
@@ -677,6 +680,7 @@ models::RunLayout run_layout(const ResolvedArgs& args) {
                                                                              : 1;
   l.threads = at::get_num_threads();
   l.fsdp = c.use_fsdp ? c.ulysses_degree * c.ring_degree * (c.use_cfg_parallel ? 2 : 1) : 1;
+  l.cpu = args.device.is_cpu();
   return l;
 }
 
@@ -693,12 +697,13 @@ uint64_t available_memory_bytes() {
 }
 
 std::optional<models::MemoryEstimate> estimate_memory(const ResolvedArgs& args,
-                                                      const fs::path& model_dir) {
+                                                      const fs::path& model_dir,
+                                                      const models::RunLayout& layout) {
   XF_CONTEXT("checking the run against ", model_dir.string());
   models::check_component_classes(*args.spec, model_dir);
   models::schedulers::check_scheduler_folder(model_dir / "scheduler");
   if (!args.spec->check_run) return std::nullopt;
-  return args.spec->check_run(model_dir, run_layout(args));
+  return args.spec->check_run(model_dir, layout);
 }
 
 std::vector<std::pair<std::string, std::vector<int>>> Runner::layout_groups() const {
@@ -712,18 +717,24 @@ std::vector<std::pair<std::string, std::vector<int>>> Runner::layout_groups() co
   return out;
 }
 
-int print_memory_plan(const RunConfig& config) {
+int print_memory_plan(const RunConfig& given) {
+  // A plan for a GPU needs none here: the flags resolve as for the CPU, and the plan leaves out
+  // the CPU kernels' buffers.
+  RunConfig config = given;
+  const bool gpu = given.device.rfind("cuda", 0) == 0;
+  if (gpu) config.device = "cpu";
   Runner runner(config);
   const ResolvedArgs args = runner.preprocess_args();
   const RunConfig& c = args.config;
   const fs::path dir = resolve_model_dir(args);
-  const auto m = estimate_memory(args, dir);
+  models::RunLayout l = run_layout(args);
+  if (gpu) l.cpu = false;
+  const auto m = estimate_memory(args, dir, l);
   XF_CHECK(m.has_value(), "--dry_run: ", args.spec->id, " has no memory model");
   auto gib = [](uint64_t b) {
     if (b < (uint64_t{1} << 30)) return format_double(std::round(b / 1048576.0 * 10) / 10) + " MiB";
     return format_double(std::round(b / 1073741824.0 * 1000) / 1000) + " GiB";
   };
-  const models::RunLayout l = run_layout(args);
   const int world = l.ulysses * l.ring * l.cfg * l.pipefusion * l.tensor * l.data;
   std::string how;
   if (c.use_fsdp) how += ", --use_fsdp over " + std::to_string(l.fsdp) + " ranks";
@@ -738,14 +749,21 @@ int print_memory_plan(const RunConfig& config) {
       l.num_frames > 0 ? (", " + std::to_string(l.num_frames) + " frames").c_str() : "",
       l.batch_size, c.dtype.c_str(), world, l.ulysses, l.ring, l.cfg, l.pipefusion, l.tensor,
       l.data, how.c_str());
-  std::printf("per rank: weights %s, activations %s, attention scratch %s: total %s\n",
-              gib(m->weights).c_str(), gib(m->activations).c_str(), gib(m->attention).c_str(),
-              gib(m->total()).c_str());
-  // The same in bytes, for scripts (bench/run_plan).
+  std::printf("per rank on %s: weights %s + activations at the peak %s = %s\n",
+              gpu ? "a GPU" : backends::device_name(args.device).c_str(), gib(m->weights).c_str(),
+              gib(m->activations()).c_str(), gib(m->total()).c_str());
   std::printf(
-      "plan_bytes: weights=%llu activations=%llu attention=%llu total=%llu\n",
-      static_cast<unsigned long long>(m->weights), static_cast<unsigned long long>(m->activations),
-      static_cast<unsigned long long>(m->attention), static_cast<unsigned long long>(m->total()));
+      "activations by stage: text encoders %s, input picture encode %s, one denoising step %s "
+      "(communication buffers %s), VAE decode %s\n",
+      gib(m->text_encoders).c_str(), gib(m->image_encode).c_str(), gib(m->transformer).c_str(),
+      gib(m->comm).c_str(), gib(m->vae).c_str());
+  // The same in bytes, for scripts (bench/run_plan).
+  auto u = [](uint64_t b) { return static_cast<unsigned long long>(b); };
+  std::printf(
+      "plan_bytes: weights=%llu activations=%llu total=%llu text_encoders=%llu "
+      "image_encode=%llu transformer=%llu comm=%llu vae=%llu\n",
+      u(m->weights), u(m->activations()), u(m->total()), u(m->text_encoders), u(m->image_encode),
+      u(m->transformer), u(m->comm), u(m->vae));
   if (args.offload != models::OffloadMode::kNone) {
     std::printf(
         "note: --enable_%s_cpu_offload keeps the weights in host memory; the device "
@@ -763,7 +781,7 @@ int print_memory_plan(const RunConfig& config) {
 
 std::optional<models::MemoryEstimate> check_before_loading(const ResolvedArgs& args,
                                                            const fs::path& model_dir) {
-  const auto estimate = estimate_memory(args, model_dir);
+  const auto estimate = estimate_memory(args, model_dir, run_layout(args));
   if (!estimate) return std::nullopt;
   const models::MemoryEstimate m = *estimate;
   // Ranks on this node share its memory.
@@ -777,9 +795,9 @@ std::optional<models::MemoryEstimate> check_before_loading(const ResolvedArgs& a
   };
   XF_CHECK(have == 0 || need <= have, "this run needs about ", gib(need), " of memory (",
            local > 1 ? std::to_string(local) + " ranks x " : std::string(), "weights ",
-           gib(m.weights), ", activations ", gib(m.activations), ", attention ", gib(m.attention),
-           " per rank at ", args.config.height.value_or(0), "x", args.config.width.value_or(0),
-           ", batch ", run_layout(args).batch_size, ", ", args.config.dtype, "), but ", gib(have),
+           gib(m.weights), ", activations ", gib(m.activations()), " per rank at ",
+           args.config.height.value_or(0), "x", args.config.width.value_or(0), ", batch ",
+           run_layout(args).batch_size, ", ", args.config.dtype, "), but ", gib(have),
            " is available (MemAvailable + SwapFree): lower --height/--width or --batch_size, use "
            "--enable_tiling, or spread the model over more ranks");
   return m;
@@ -863,6 +881,11 @@ void Runner::initialize(const ResolvedArgs& args) {
                  groups_->fsdp()->name());
   }
   model_->load(model_dir_, options);
+  // The generations' peaks (each stage's, XFuserModel::peak_tensor_bytes) are measured from
+  // here: what they hold beyond the loaded model.
+  const backends::TensorMemory loaded = backends::tensor_memory(args.device);
+  load_peak_tensor_bytes_ = loaded.peak;
+  loaded_tensor_bytes_ = loaded.allocated;
   for (const auto& e : model_->backend_timeline()) {
     spdlog::debug("backend {}: op {} runs {} ({})", e.backend, e.tag, e.chosen,
                   e.attempts.front().reason);
@@ -1195,6 +1218,7 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
       for (const auto& st : it.timings) {
         nlohmann::json e = {{"name", st.name}, {"seconds", st.seconds}};
         if (st.index >= 0) e["step"] = st.index;
+        if (st.peak_tensor_bytes >= 0) e["peak_tensor_bytes"] = st.peak_tensor_bytes;
         stages.push_back(e);
         stage_sum += st.seconds;
       }
@@ -1286,19 +1310,43 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                                   {"gathers", f.gathers},
                                   {"gather_bytes", f.gather_bytes}};
     }
+    if (model_ && model_->peak_tensor_bytes() >= 0) {
+      // Measured, in the plan's terms: the parameters this rank holds, and the most its
+      // generations held beyond the loaded model (activations, scratch, gathered blocks).
+      const int64_t weights = model_->parameter_bytes();
+      const int64_t generations =
+          std::max<int64_t>(0, model_->peak_tensor_bytes() - loaded_tensor_bytes_);
+      report["memory"]["measured"] = {{"weights_bytes", weights},
+                                      {"generation_peak_bytes", generations},
+                                      {"total_bytes", weights + generations},
+                                      {"loaded_tensor_bytes", loaded_tensor_bytes_},
+                                      {"load_peak_tensor_bytes", load_peak_tensor_bytes_}};
+    }
     if (plan_) {
       // The pre-load estimate (what --dry_run prints), beside the measured peaks above.
       report["memory"]["plan"] = {{"weights_bytes", plan_->weights},
-                                  {"activations_bytes", plan_->activations},
-                                  {"attention_bytes", plan_->attention},
+                                  {"activations_bytes", plan_->activations()},
+                                  {"text_encoders_bytes", plan_->text_encoders},
+                                  {"image_encode_bytes", plan_->image_encode},
+                                  {"transformer_bytes", plan_->transformer},
+                                  {"comm_bytes", plan_->comm},
+                                  {"vae_bytes", plan_->vae},
                                   {"total_bytes", plan_->total()}};
+      if (report["memory"].contains("measured")) {
+        report["memory"]["plan"]["measured_over_plan"] =
+            report["memory"]["measured"]["total_bytes"].get<double>() /
+            static_cast<double>(std::max<uint64_t>(1, plan_->total()));
+      }
     }
     const backends::DeviceMemoryStats dev_mem = backends::device_memory_stats(args.device);
     if (dev_mem.available) {
-      // The caching allocator's view of the GPU: what tensors hold, what it keeps, and peaks.
+      // The caching allocator's view of the GPU: what tensors hold, what it keeps, and peaks
+      // (the allocated peak was reset after loading: the larger of the loading's and since).
       report["memory"]["device_allocated_bytes"] = dev_mem.allocated;
       report["memory"]["device_reserved_bytes"] = dev_mem.reserved;
-      report["memory"]["device_peak_allocated_bytes"] = dev_mem.peak_allocated;
+      report["memory"]["device_peak_allocated_bytes"] =
+          std::max({dev_mem.peak_allocated, load_peak_tensor_bytes_,
+                    model_ ? model_->peak_tensor_bytes() : 0});
       report["memory"]["device_peak_reserved_bytes"] = dev_mem.peak_reserved;
     }
     // Writing this rank's images (saving happens once, after the timed iterations).

@@ -136,7 +136,11 @@ class Runner {
   std::unique_ptr<models::XFuserModel> model_;
   std::filesystem::path model_dir_;
   std::optional<models::MemoryEstimate> plan_;  // the pre-load estimate, for the report
-  std::vector<std::string> hosts_;              // every world rank's host name
+  // The tensor bytes of the run's device after loading, and their peak while loading: the
+  // generations' peak is measured from there (backends::tensor_memory).
+  int64_t loaded_tensor_bytes_ = 0;
+  int64_t load_peak_tensor_bytes_ = 0;
+  std::vector<std::string> hosts_;  // every world rank's host name
   mutable std::unique_ptr<OutputDirectoryLock> lock_;
 };
 

@@ -12,6 +12,7 @@
 #include "backends/device.h"
 #include "backends/error.h"
 #include "backends/logging.h"
+#include "backends/memory.h"
 #include "backends/threads.h"
 #include "models/registry.h"
 #include "parallel/mpi_communicator.h"
@@ -95,6 +96,8 @@ int main(int argc, char** argv) {
                                             backends::probe_devices().visible_gpus, timeout);
       groups = std::make_shared<parallel::ProcessGroups>(world_config, world);
     }
+    // Every host tensor from here on is counted: the report's measured peak beside the plan.
+    track_host_tensor_memory();
     const int threads = configure_threads(mpi.local_size());
 
     runner::Runner runner(config, groups);

@@ -7,12 +7,15 @@
 #include <string>
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "backends/backend.h"
+#include "backends/device.h"
 #include "backends/kernels.h"
+#include "backends/memory.h"
 #include "backends/threads.h"
 #include "models/common/component.h"
 #include "models/common/kernels.h"
@@ -114,6 +117,40 @@ TEST(Backend, CpuMemoryStatsReadTheProcess) {
   EXPECT_GT(m.peak_bytes, 0);
   EXPECT_GT(m.allocated_bytes, 0);
   EXPECT_GE(m.peak_bytes, m.allocated_bytes);
+}
+
+// The host tensor counter (the measured peaks beside the memory plan): a tensor adds exactly its
+// bytes while it lives, the peak holds the most, a reset brings the peak down to what is held,
+// and raw allocations (libtorch kernels' scratch) are counted and freed alike.
+TEST(HostTensorMemory, CountsEveryTensorWhileItLives) {
+  xfuser::track_host_tensor_memory();
+  xfuser::track_host_tensor_memory();  // once only
+  ASSERT_TRUE(xfuser::host_tensor_memory().tracked);
+  const c10::Device cpu(c10::kCPU);
+  xfuser::backends::reset_tensor_memory_peak(cpu);
+  const auto before = xfuser::backends::tensor_memory(cpu);
+  ASSERT_TRUE(before.available);
+  EXPECT_EQ(before.peak, before.allocated);
+  {
+    at::Tensor a = at::ones({1000, 250}, at::kFloat);  // 1,000,000 bytes
+    EXPECT_EQ(xfuser::host_tensor_memory().allocated - before.allocated, 1000000);
+    at::Tensor b = at::empty({3, 7}, at::kBFloat16);  // 42 bytes
+    EXPECT_EQ(xfuser::host_tensor_memory().allocated - before.allocated, 1000042);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data_ptr()) % 64, 0u) << "64-byte aligned, as before";
+    EXPECT_FLOAT_EQ(a.sum().item<float>(), 250000.0f);
+  }
+  const auto after = xfuser::backends::tensor_memory(cpu);
+  EXPECT_EQ(after.allocated, before.allocated);
+  EXPECT_GE(after.peak - before.allocated, 1000042);
+  xfuser::backends::reset_tensor_memory_peak(cpu);
+  EXPECT_EQ(xfuser::backends::tensor_memory(cpu).peak, after.allocated);
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  void* raw = allocator->raw_allocate(4096);
+  EXPECT_EQ(xfuser::host_tensor_memory().allocated - after.allocated, 4096);
+  allocator->raw_deallocate(raw);
+  EXPECT_EQ(xfuser::host_tensor_memory().allocated, after.allocated);
+  at::Tensor empty = at::empty({0}, at::kFloat);
+  EXPECT_EQ(xfuser::host_tensor_memory().allocated, after.allocated);
 }
 
 // OMP_NUM_THREADS is honoured up to the cores available and capped beyond (libtorch would create

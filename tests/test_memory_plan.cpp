@@ -1,10 +1,10 @@
 // The memory plan (`xfuser-run --dry_run`, and the estimate xfuser-run checks before loading) from
 // a pipeline folder's config files alone: for every committed tiny pipeline (all eight contract
 // models) the plan of the folder without its weights equals the plan of the folder with them
-// (the modules the configs build declare every tensor the checkpoints hold; FLUX.2's text encoder
-// checkpoint holds layers its module does not read, so there the weights differ by those), under
-// plain, FSDP and tensor-parallel layouts. Then the CLI: the plan printed for a config-only
-// folder, and the exit code against --device_memory_gib.
+// (the modules the configs build declare every parameter a load reads), stage by stage, under
+// plain, FSDP and fp8 layouts; and the planned weights are the bytes the loaded model holds. The
+// activations against measured peaks: bench/run_plan_check. Then the CLI: the plan printed for a
+// config-only folder, and the exit code against --device_memory_gib.
 #include <filesystem>
 #include <string>
 
@@ -13,6 +13,7 @@
 #include "models/common/component.h"
 #include "models/registry.h"
 #include "models/weights/checkpoint.h"
+#include "models/xfuser_model.h"
 #include "tests/test_util.h"
 #include "tests/tiny_pipelines.h"
 
@@ -73,14 +74,39 @@ TEST_P(MemoryPlan, ConfigsAloneGiveThePlanOfTheWeights) {
     SCOPED_TRACE("variant " + std::to_string(variant));
     const auto with = spec.check_run(folder, l);
     const auto alone = spec.check_run(configs, l);
-    EXPECT_EQ(alone.activations, with.activations);
-    EXPECT_EQ(alone.attention, with.attention);
-    if (GetParam() == "flux2-tiny") {
-      EXPECT_LE(alone.weights, with.weights);
-      EXPECT_GE(static_cast<double>(alone.weights), 0.9 * static_cast<double>(with.weights));
-    } else {
-      EXPECT_EQ(alone.weights, with.weights);
-    }
+    EXPECT_EQ(alone.weights, with.weights);
+    EXPECT_EQ(alone.text_encoders, with.text_encoders);
+    EXPECT_EQ(alone.image_encode, with.image_encode);
+    EXPECT_EQ(alone.transformer, with.transformer);
+    EXPECT_EQ(alone.vae, with.vae);
+    EXPECT_GT(with.text_encoders, 0u);
+    EXPECT_GT(with.transformer, 0u);
+    EXPECT_GT(with.vae, 0u);
+  }
+}
+
+// The plan's weights are the bytes the loaded model holds: every parameter each component
+// declares, in its load dtype (parameters a family keeps in fp32 included; a checkpoint's
+// tensors the module does not read excluded), in fp32 and bf16.
+TEST_P(MemoryPlan, WeightsAreWhatTheLoadedModelHolds) {
+  const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / GetParam();
+  XF_REQUIRE_FIXTURE(folder);
+  const auto& spec = xfuser::models::ModelRegistry::for_pipeline_folder(folder);
+  for (const auto dtype : {c10::kFloat, c10::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    xfuser::models::RunLayout l;
+    l.height = l.width = 64;
+    l.num_frames = spec.defaults.num_frames > 0 ? 5 : 0;
+    l.max_sequence_length = 16;
+    l.bytes_per_element = l.transformer_bytes_per_element =
+        static_cast<int>(c10::elementSize(dtype));
+    const auto plan = spec.check_run(folder, l);
+    auto model = spec.create(spec);
+    xfuser::models::ModelLoadOptions options;
+    options.dtype = dtype;
+    model->load(folder, options);
+    EXPECT_NEAR(static_cast<double>(plan.weights), static_cast<double>(model->parameter_bytes()),
+                0.05 * static_cast<double>(plan.weights));
   }
 }
 
@@ -99,7 +125,8 @@ TEST(MemoryPlanCli, DryRunPrintsThePlanOfAConfigOnlyFolder) {
   std::string log;
   ASSERT_EQ(xfuser::testing::run_command(common, &log), 0) << log;
   EXPECT_NE(log.find("plan: FLUX.1-dev from"), std::string::npos) << log;
-  EXPECT_NE(log.find("per rank: weights"), std::string::npos) << log;
+  EXPECT_NE(log.find("per rank on cpu: weights"), std::string::npos) << log;
+  EXPECT_NE(log.find("activations by stage: text encoders"), std::string::npos) << log;
   // Sharded over 4 ranks the weights per rank are smaller; the plan needs no mpirun.
   ASSERT_EQ(xfuser::testing::run_command(
                 common + " --ulysses_degree 2 --use_cfg_parallel --negative_prompt y "

@@ -17,6 +17,19 @@ namespace xfuser::models {
 
 using TensorMap = std::map<std::string, at::Tensor>;
 
+// One call of a component, for the memory plan (xfuser-run --dry_run): its input sizes, the
+// dtype it computes in, and where (the CPU's kernels keep buffers a GPU's do not: the columns of a
+// 3D convolution, attention scores per query block).
+struct ActivationQuery {
+  std::string method = "forward";  // "forward" (encoders), "decode" (VAEs)
+  int64_t batch = 1;
+  int64_t tokens = 0;                         // text encoders: the sequence length
+  int64_t frames = 1, height = 0, width = 0;  // VAE decode: the output video or image
+  bool tiled = false;                         // VAE decode with --enable_tiling
+  int bytes = 4;                              // bytes per element of the compute dtype
+  bool cpu = true;
+};
+
 class Component : public Module {
  public:
   // The diffusers `_class_name` or transformers `architectures[0]` this implements.
@@ -27,6 +40,13 @@ class Component : public Module {
   // or missing input, or a wrong shape, is an xfuser::Error naming it. Outputs are named as the
   // library names them (e.g. "sample", "last_hidden_state", "pooler_output").
   virtual TensorMap call(const std::string& method, const TensorMap& inputs) = 0;
+  // The most bytes the call holds at once beyond the weights (activations, temporaries, kernel
+  // buffers): a model of this implementation's allocations, checked against measured peaks
+  // (bench/run_plan_check). 0: not modelled (a component too small to matter).
+  virtual uint64_t activation_bytes(const ActivationQuery& query) const {
+    (void)query;
+    return 0;
+  }
 };
 
 // Builds an unloaded component from its parsed config.json (`config_path` for error messages).

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,23 @@ struct DiTRunTraits {
   // Video: latent frames of the run (the token grid is frames x rows x columns; PipeFusion patches
   // split frames x rows). Images: 1.
   int64_t latent_frames = 1;
-  // The VAE's widest level and pixels per latent pixel; 0: read from an AutoencoderKL config.
-  int64_t vae_max_channels = 0;
-  int64_t vae_scale = 0;
+  // The text (and image) encoders the prompt goes through, with their sequence lengths.
+  std::vector<std::pair<std::string, int64_t>> encoders;
+  // Folders loaded in float32 whatever --dtype (Wan's VAE and image encoder).
+  std::set<std::string> float32_components;
+  // [B, S, D]-sized tensors a transformer block holds at its peak (measured per family).
+  int live_hidden_tensors = 16;
+  // With a half dtype, the float32 [B, S, D] copies a block adds (norms computed in fp32).
+  int half_fp32_tensors = 0;
+  // Rows of one model batch whose text lengths differ take a key mask (padded text): the CPU's
+  // chunked kernel.
+  bool masked_attention = false;
+  // The CFG branches run as one batch [negative; positive] (SD3), not one after the other.
+  bool cfg_batched = false;
+  // The VAE encodes an input picture (editing) or video (image-to-video) of this size; 0: none.
+  int64_t encode_frames = 1, encode_height = 0, encode_width = 0;
+  // Cross-attention (Wan): the text keys each block attends, besides its own tokens.
+  int64_t cross_attention_tokens = 0;
 };
 
 MemoryEstimate check_dit_run(const std::filesystem::path& pipeline_dir, const RunLayout& run,

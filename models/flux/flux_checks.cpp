@@ -26,10 +26,13 @@ MemoryEstimate check_flux_run(const fs::path& dir, const RunLayout& run) {
       "--guidance_scale is distilled guidance, one forward per step, nothing to split over two "
       "ranks)";
   t.components = {"text_encoder", "text_encoder_2", "vae"};
+  t.encoders = {{"text_encoder", 77}, {"text_encoder_2", run.max_sequence_length}};
   t.blocks_what = "double + single";
   if (read_model_index(dir).value("_class_name", "") == "FluxKontextPipeline") {
-    // The reference picture's tokens join the sequence: ~1 MP at 16 pixels a token.
+    // The reference picture, resized to a preferred resolution of ~1 MP, is encoded by the VAE
+    // and its tokens join the sequence (16 pixels a token).
     t.text_tokens += (1024 / 16) * (1024 / 16);
+    t.encode_height = t.encode_width = 1024;
   }
   return dit::check_dit_run(dir, run, t);
 }

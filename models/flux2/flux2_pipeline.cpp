@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -345,18 +346,29 @@ MemoryEstimate check_flux2_run(const fs::path& dir, const RunLayout& run) {
   dit::DiTRunTraits t;
   t.family = "FLUX.2";
   t.pixels_per_token = vae_scale * 2 * config.patch_size;
-  // Each input picture joins the sequence: at most 1 MP at 16 pixels a token.
-  t.text_tokens = run.max_sequence_length + static_cast<int64_t>(run.input_images) *
-                                                (1024 / t.pixels_per_token) *
-                                                (1024 / t.pixels_per_token);
+  // Each input picture joins the sequence (at most 1 MP: larger ones are scaled down), and is
+  // encoded by the VAE, one at a time. Pictures not read yet (--dry_run) count as 1 MP.
+  t.text_tokens = run.max_sequence_length;
+  for (int i = 0; i < run.input_images; ++i) {
+    int64_t h = 1024, w = 1024;
+    if (static_cast<size_t>(i) < run.input_image_sizes.size()) {
+      std::tie(h, w) = reference_size(run.input_image_sizes[i].first,
+                                      run.input_image_sizes[i].second, t.pixels_per_token);
+    }
+    t.text_tokens += (h / t.pixels_per_token) * (w / t.pixels_per_token);
+    if (h * w > t.encode_height * t.encode_width) {
+      t.encode_height = h;
+      t.encode_width = w;
+    }
+  }
   t.cfg = false;
   t.cfg_parallel_needs =
       "true CFG, which FLUX.2 does not run (its --guidance_scale is embedded guidance)";
   t.max_sequence_length = 1024;
   t.components = {"text_encoder", "vae"};
+  t.encoders = {{"text_encoder", run.max_sequence_length}};
+  t.live_hidden_tensors = 20;  // the fused QKV + MLP-in projection (measured)
   t.blocks_what = "double + single";
-  t.vae_max_channels = *std::max_element(blocks.begin(), blocks.end());
-  t.vae_scale = vae_scale;
   return dit::check_dit_run(dir, run, t);
 }
 

@@ -42,6 +42,16 @@ constexpr int64_t kHiddenLayersToSkip = 2;
 // _get_clip_prompt_embeds' max_sequence_length.
 constexpr int kClipMaxLength = 77;
 
+// crop_start as diffusers computes it when the template gives none: the template's tokens
+// (special tokens added) minus the "{}" and the closing <|eot_id|>.
+int64_t template_crop_start(const tokenizers::Tokenizer& tokenizer, const fs::path& dir) {
+  const int64_t template_tokens =
+      static_cast<int64_t>(tokenizer.encode_ids(kDefaultPromptTemplate).size());
+  XF_CHECK(template_tokens > 2, dir.string(), ": the prompt template makes only ", template_tokens,
+           " tokens");
+  return template_tokens - 2;
+}
+
 bool listed(const nlohmann::json& index, const char* name) {
   auto it = index.find(name);
   return it != index.end() && it->is_array() && !it->empty() && !(*it)[0].is_null();
@@ -132,13 +142,7 @@ void HunyuanVideoModel::load_components(const fs::path& dir, const ModelLoadOpti
       ": HunyuanVideo's tokenizer_2 must be CLIP's (vocab.json + merges.txt, or tokenizer.json "
       "with model_index.json naming CLIPTokenizer), got a ",
       tokenizer_2_->kind(), " tokenizer", class_2.empty() ? "" : " of class " + class_2);
-  // crop_start as diffusers computes it when the template gives none: the template's tokens
-  // (special tokens added) minus the "{}" and the closing <|eot_id|>.
-  const int64_t template_tokens =
-      static_cast<int64_t>(tokenizer_->encode_ids(kDefaultPromptTemplate).size());
-  XF_CHECK(template_tokens > 2, (dir / "tokenizer").string(), ": the prompt template makes only ",
-           template_tokens, " tokens");
-  crop_start_ = template_tokens - 2;
+  crop_start_ = template_crop_start(*tokenizer_, dir / "tokenizer");
 
   load_transformer(dir / "transformer", options, "HunyuanVideoTransformer3DModel");
   hv_transformer_ = dynamic_cast<HunyuanVideoTransformer3DModel*>(transformer_.get());
@@ -372,6 +376,18 @@ void HunyuanVideoModel::decode(State& base) {
 }
 
 MemoryEstimate check_hunyuan_video_run(const fs::path& dir, const RunLayout& run) {
+  // The Llama prompt carries the template's tokens before the crop: counted with the folder's
+  // tokenizer where it has one, else diffusers' 95 (the template with Llama 3's tokenizer).
+  int64_t crop_start = 95;
+  if (fs::is_directory(dir / "tokenizer")) {
+    const nlohmann::json index = read_model_index(dir);
+    const auto& entry = index.value("tokenizer", nlohmann::json());
+    const std::string cls = entry.is_array() && entry.size() == 2 && entry[1].is_string()
+                                ? entry[1].get<std::string>()
+                                : std::string();
+    crop_start =
+        template_crop_start(*tokenizers::load_tokenizer(dir / "tokenizer", cls), dir / "tokenizer");
+  }
   const ComponentFolder transformer = open_component_config((dir / "transformer").string());
   const HunyuanVideoConfig config =
       HunyuanVideoConfig::from_json(transformer.config, transformer.config_path);
@@ -393,11 +409,11 @@ MemoryEstimate check_hunyuan_video_run(const fs::path& dir, const RunLayout& run
       "--guidance_scale is embedded guidance, one forward per step)";
   t.max_sequence_length = 1024;
   t.components = {"text_encoder", "text_encoder_2", "vae"};
+  t.encoders = {{"text_encoder", run.max_sequence_length + crop_start},
+                {"text_encoder_2", kClipMaxLength}};
+  t.masked_attention = true;
   t.blocks_what = "double + single";
   t.latent_frames = ((run.num_frames - 1) / temporal + 1) / config.patch_size_t;
-  t.vae_max_channels =
-      *std::max_element(vae.block_out_channels.begin(), vae.block_out_channels.end());
-  t.vae_scale = vae.spatial_compression_ratio;
   return dit::check_dit_run(dir, run, t);
 }
 

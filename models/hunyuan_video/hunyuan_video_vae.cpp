@@ -749,6 +749,38 @@ at::Tensor AutoencoderKLHunyuanVideo::decode(const at::Tensor& z,
 
 // --- call --------------------------------------------------------------------------------------
 
+uint64_t AutoencoderKLHunyuanVideo::activation_bytes(const ActivationQuery& q) const {
+  if (q.method != "decode") return 0;
+  // Temporal tiles of tile_sample_min_num_frames + 1 frames (framewise decoding), spatial tiles
+  // with tiling; the decoder's levels as HunyuanVideoDecoder3D builds them (measured:
+  // bench/run_plan_check).
+  const int64_t frames = std::min<int64_t>(q.frames, tiling_.tile_sample_min_num_frames + 1);
+  int64_t h = q.height, w = q.width;
+  if (q.tiled) {
+    h = std::min(h, tiling_.tile_sample_min_height);
+    w = std::min(w, tiling_.tile_sample_min_width);
+  }
+  const auto& c = config_;
+  const std::vector<int64_t> reversed(c.block_out_channels.rbegin(), c.block_out_channels.rend());
+  int64_t t = (frames - 1) / c.temporal_compression_ratio + 1;
+  int64_t y = h / c.spatial_compression_ratio, x = w / c.spatial_compression_ratio;
+  std::vector<vae::DecoderLevel> levels;
+  int64_t out = reversed[0];
+  for (size_t i = 0; i < reversed.size(); ++i) {
+    const int64_t in = out;
+    out = reversed[i];
+    levels.push_back({in, out, t, y, x});
+    if (!c.temporal_resample(i) && !c.spatial_resample(i)) continue;
+    if (c.temporal_resample(i)) t = 1 + 2 * (t - 1);  // the first frame stays alone
+    if (c.spatial_resample(i)) {
+      y *= 2;
+      x *= 2;
+    }
+    levels.push_back({out, out, t, y, x});
+  }
+  return vae::decoder_levels_peak_bytes(levels, 3.15 * q.bytes + 8.8, q.batch, q.cpu);
+}
+
 TensorMap AutoencoderKLHunyuanVideo::call(const std::string& method, const TensorMap& inputs) {
   XF_CONTEXT("AutoencoderKLHunyuanVideo.", method);
   c10::InferenceMode guard;

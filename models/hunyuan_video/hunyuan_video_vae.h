@@ -126,6 +126,7 @@ class AutoencoderKLHunyuanVideo : public Component {
   std::string class_name() const override { return "AutoencoderKLHunyuanVideo"; }
   std::vector<std::string> methods() const override { return {"forward", "encode", "decode"}; }
   TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  uint64_t activation_bytes(const ActivationQuery& query) const override;
 
   const HunyuanVideoVAEConfig& config() const { return config_; }
 

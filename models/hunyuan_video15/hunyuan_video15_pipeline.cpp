@@ -489,16 +489,26 @@ MemoryEstimate check_hunyuan_video15_run(const fs::path& dir, const RunLayout& r
   dit::DiTRunTraits t;
   t.family = "HunyuanVideo-1.5";
   t.pixels_per_token = spatial * config.patch_size;
-  // The text stream: image tokens, glyph tokens and Qwen tokens (at most).
-  t.text_tokens = run.max_sequence_length + kByT5MaxLength + kVisionSemanticTokens;
+  // The text stream keeps its valid tokens: the Qwen prompt's, the glyphs' (quoted text) and,
+  // for image-to-video, the image's (at most).
+  t.text_tokens = run.max_sequence_length + kByT5MaxLength;
+  if (read_model_index(dir).value("_class_name", "") == "HunyuanVideo15ImageToVideoPipeline") {
+    t.text_tokens += kVisionSemanticTokens;
+    t.components.push_back("image_encoder");
+    t.encoders.emplace_back("image_encoder", 0);  // its own patch count
+    // Image-to-video: the picture is encoded by the VAE as one frame.
+    t.encode_height = run.height;
+    t.encode_width = run.width;
+  }
   t.cfg = run.guidance_scale != 1.0;
   t.cfg_parallel_needs = "classifier-free guidance: --guidance_scale other than 1";
   t.max_sequence_length = kTokenizerMaxLength;
   t.components = {"text_encoder", "text_encoder_2", "vae"};
+  t.encoders = {{"text_encoder", run.max_sequence_length + kCropStart},
+                {"text_encoder_2", kByT5MaxLength}};
+  t.masked_attention = true;
   t.blocks_what = "double-stream";
   t.latent_frames = ((run.num_frames - 1) / temporal + 1) / config.patch_size_t;
-  t.vae_max_channels = *std::max_element(blocks.begin(), blocks.end());
-  t.vae_scale = spatial;
   return dit::check_dit_run(dir, run, t);
 }
 

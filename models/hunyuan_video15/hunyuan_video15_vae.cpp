@@ -759,6 +759,43 @@ at::Tensor AutoencoderKLHunyuanVideo15::decode(const at::Tensor& z,
 
 // --- call --------------------------------------------------------------------------------------
 
+uint64_t AutoencoderKLHunyuanVideo15::activation_bytes(const ActivationQuery& q) const {
+  if (q.method == "encode") {
+    // The encoder's first level: block_out_channels[0] channels at full resolution.
+    const int64_t c0 = config_.block_out_channels.front();
+    return vae::decoder_peak_bytes(static_cast<uint64_t>(q.batch * q.frames * q.height * q.width),
+                                   c0, 5.0 * q.bytes + 9.0, c0, (q.frames + 2) * (q.height + 2),
+                                   q.batch, q.cpu);
+  }
+  if (q.method != "decode") return 0;
+  // Every frame at once, spatial tiles with tiling; the decoder's levels as
+  // HunyuanVideo15Decoder3D builds them (measured: bench/run_plan_check).
+  int64_t h = q.height, w = q.width;
+  if (q.tiled) {
+    h = std::min(h, tiling_.tile_sample_min_height);
+    w = std::min(w, tiling_.tile_sample_min_width);
+  }
+  const auto& c = config_;
+  const std::vector<int64_t> reversed(c.block_out_channels.rbegin(), c.block_out_channels.rend());
+  int64_t t = (q.frames - 1) / c.temporal_compression_ratio + 1;
+  int64_t y = h / c.spatial_compression_ratio, x = w / c.spatial_compression_ratio;
+  std::vector<vae::DecoderLevel> levels;
+  int64_t in = reversed[0];
+  for (size_t i = 0; i < reversed.size(); ++i) {
+    levels.push_back({in, reversed[i], t, y, x});
+    in = reversed[i];
+    if (!c.up_spatial(i) && !c.up_temporal(i)) continue;
+    if (c.up_temporal(i)) t = 1 + 2 * (t - 1);  // the first frame stays alone
+    if (c.up_spatial(i)) {
+      y *= 2;
+      x *= 2;
+    }
+    in = c.up_out(i);
+    levels.push_back({in, in, t, y, x});
+  }
+  return vae::decoder_levels_peak_bytes(levels, 5.0 * q.bytes + 9.0, q.batch, q.cpu);
+}
+
 TensorMap AutoencoderKLHunyuanVideo15::call(const std::string& method, const TensorMap& inputs) {
   XF_CONTEXT("AutoencoderKLHunyuanVideo15.", method);
   c10::InferenceMode guard;

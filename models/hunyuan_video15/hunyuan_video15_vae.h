@@ -115,6 +115,7 @@ class AutoencoderKLHunyuanVideo15 : public Component {
   std::string class_name() const override { return "AutoencoderKLHunyuanVideo15"; }
   std::vector<std::string> methods() const override { return {"forward", "encode", "decode"}; }
   TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  uint64_t activation_bytes(const ActivationQuery& query) const override;
 
   const HunyuanVideo15VAEConfig& config() const { return config_; }
 

@@ -82,6 +82,7 @@ class ClipVisionModel : public Component {
 
   std::string class_name() const override;
   TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  uint64_t activation_bytes(const ActivationQuery& query) const override;
 
   // Strict load that also accepts the `vision_model.embeddings.position_ids` buffer older
   // checkpoints hold.

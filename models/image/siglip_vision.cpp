@@ -1,5 +1,6 @@
 #include "models/image/siglip_vision.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -170,6 +171,17 @@ SiglipVisionTransformer::Output SiglipVisionModel::forward(const at::Tensor& px)
            "SiglipVisionModel: pixel_values are on ", px.device(), " but the weights on ",
            weights.device());
   return vision_model_->forward(px);
+}
+
+uint64_t SiglipVisionModel::activation_bytes(const ActivationQuery& q) const {
+  // One picture's patch tokens: the attention's fp32 scores (blocked kernel: ~one head's), or the
+  // MLP's [B, S, intermediate] in and out, beside the residual stream.
+  const auto s = static_cast<uint64_t>(q.tokens > 0 ? q.tokens : config_.num_patches());
+  const auto b = static_cast<uint64_t>(std::max<int64_t>(1, q.batch));
+  const uint64_t scores = b * s * s * 4 * 3;
+  const uint64_t mlp =
+      3 * b * s * static_cast<uint64_t>(config_.intermediate_size) * static_cast<uint64_t>(q.bytes);
+  return std::max(scores, mlp) + 4 * b * s * static_cast<uint64_t>(config_.hidden_size) * 4;
 }
 
 TensorMap SiglipVisionModel::call(const std::string& method, const TensorMap& inputs) {

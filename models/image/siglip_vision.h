@@ -82,6 +82,7 @@ class SiglipVisionModel : public Component {
 
   std::string class_name() const override { return "SiglipVisionModel"; }
   TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  uint64_t activation_bytes(const ActivationQuery& query) const override;
   // Strict load that also accepts the `vision_model.embeddings.position_ids` buffer.
   void load(const TensorSource& source, c10::ScalarType dtype, const std::string& prefix = "",
             const LoadOptions& options = {}) override;

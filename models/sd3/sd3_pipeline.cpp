@@ -255,7 +255,12 @@ MemoryEstimate check_sd3_run(const fs::path& dir, const RunLayout& run) {
       std::to_string(run.guidance_scale) + ")";
   t.max_grid = config.max_grid();
   t.components = {"text_encoder", "text_encoder_2", "vae"};
-  if (listed(index, "text_encoder_3")) t.components.push_back("text_encoder_3");
+  t.encoders = {{"text_encoder", 77}, {"text_encoder_2", 77}};
+  t.cfg_batched = true;
+  if (listed(index, "text_encoder_3")) {
+    t.components.push_back("text_encoder_3");
+    t.encoders.emplace_back("text_encoder_3", run.max_sequence_length);
+  }
   return dit::check_dit_run(dir, run, t);
 }
 

@@ -74,6 +74,7 @@ class ClipTextModel : public Component {
 
   std::string class_name() const override;
   TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  uint64_t activation_bytes(const ActivationQuery& query) const override;
 
   // Strict load that also accepts the legacy `text_model.embeddings.position_ids` buffer.
   void load(const TensorSource& source, c10::ScalarType dtype, const std::string& prefix = "",

@@ -604,6 +604,21 @@ std::vector<at::Tensor> LlamaEncoder::forward_hidden_states(
   return out;
 }
 
+uint64_t LlamaEncoder::activation_bytes(const ActivationQuery& q) const {
+  const auto s = static_cast<uint64_t>(q.tokens);
+  const auto b = static_cast<uint64_t>(std::max<int64_t>(1, q.batch));
+  const auto heads = static_cast<uint64_t>(config_.num_attention_heads);
+  const auto bytes = static_cast<uint64_t>(q.bytes);
+  // The additive mask [B, 1, S, S] and the boolean one it is made from.
+  const uint64_t mask = b * s * s * (bytes + 2);
+  // Eager attention, as transformers computes it: at the softmax the masked scores [B, H, S, S],
+  // their fp32 copy and softmax (half types), or the scores and their division and sum (fp32).
+  const uint64_t attention = b * heads * s * s * (bytes == 4 ? 8 : bytes + 8);
+  // The MLP: gate, up, the activation and the product, [B, S, intermediate] each.
+  const uint64_t mlp = 4 * b * s * static_cast<uint64_t>(config_.intermediate_size) * bytes;
+  return mask + std::max(attention, mlp);
+}
+
 TensorMap LlamaEncoder::call(const std::string& method, const TensorMap& inputs) {
   const std::string name = class_name();
   check_call(name, method, inputs, {"input_ids"}, {"attention_mask"});

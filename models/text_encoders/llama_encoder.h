@@ -134,6 +134,7 @@ class LlamaEncoder : public Component {
 
   std::string class_name() const override { return config_.architecture; }
   TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  uint64_t activation_bytes(const ActivationQuery& query) const override;
 
   // Strict load; lm_head.* of a *ForCausalLM checkpoint is ignored.
   void load(const TensorSource& source, c10::ScalarType dtype, const std::string& prefix = "",

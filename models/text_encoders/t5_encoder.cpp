@@ -329,6 +329,29 @@ at::Tensor T5Encoder::forward(const at::Tensor& input_ids, const at::Tensor& att
   return final_layer_norm_->forward(x);  // [B, S, d]
 }
 
+uint64_t T5Encoder::activation_bytes(const ActivationQuery& q) const {
+  const auto s2 = static_cast<uint64_t>(q.tokens) * static_cast<uint64_t>(q.tokens);
+  const auto b = static_cast<uint64_t>(std::max<int64_t>(1, q.batch));
+  const auto heads = static_cast<uint64_t>(config_.num_heads);
+  const auto bytes = static_cast<uint64_t>(q.bytes);
+  // The bucket table: [S, S] int64 tensors made on the host (~45 bytes per pair at the peak of
+  // t5_relative_position_buckets); on a GPU only the finished table is copied there.
+  const uint64_t buckets = (q.cpu ? 45 : 8) * s2;
+  // The bias [1, H, S, S] in the weights' dtype (with a mask: [B, H, S, S]); UMT5 holds the
+  // previous block's bias while the next block makes its buckets.
+  const uint64_t bias = heads * s2 * bytes * b;
+  // Attention with a bias (the chunked kernel on the CPU): fp32 scores of up to 2^24 elements,
+  // and k / v in fp32.
+  const uint64_t scores =
+      q.cpu ? std::min<uint64_t>(uint64_t{1} << 24, b * heads * s2) * 4 +
+                  2 * b * heads * static_cast<uint64_t>(q.tokens * config_.d_kv) * 4
+            : 0;
+  // The feed-forward's [B, S, d_ff] activations (two with a gated activation, and their product).
+  const uint64_t ffn =
+      b * static_cast<uint64_t>(q.tokens * config_.d_ff) * bytes * (config_.is_gated_act ? 3 : 1);
+  return std::max({config_.umt5 ? buckets + bias : buckets, bias + scores, bias + ffn});
+}
+
 TensorMap T5Encoder::call(const std::string& method, const TensorMap& inputs) {
   const std::string name = class_name();
   check_call(name, method, inputs, {"input_ids"}, {"attention_mask"});

@@ -67,6 +67,7 @@ class T5Encoder : public Component {
 
   std::string class_name() const override;
   TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  uint64_t activation_bytes(const ActivationQuery& query) const override;
 
   // Strict load that resolves the tied embedding (shared.weight, encoder.embed_tokens.weight or
   // both; with both, encoder.embed_tokens.weight wins as it does in transformers), keeps `wo` in

@@ -10,6 +10,7 @@
 
 #include "backends/error.h"
 #include "backends/tensor_util.h"
+#include "models/vae/vae_blocks.h"
 #include "models/weights/component_folder.h"
 
 namespace xfuser::models::vae {
@@ -301,6 +302,32 @@ void AutoencoderKL::check_input(const std::string& method, const std::string& na
            ", expected [B, ", channels, ", H, W]");
   XF_CHECK(t.is_floating_point(), "AutoencoderKL.", method, ": input '", name,
            "' must be a floating-point tensor, got ", t.scalar_type());
+}
+
+uint64_t AutoencoderKL::activation_bytes(const ActivationQuery& q) const {
+  if (q.method == "encode") {
+    // The encoder's first level: block_out_channels[0] channels at full resolution (measured:
+    // bench/run_plan_check).
+    return vae::decoder_peak_bytes(static_cast<uint64_t>(q.batch * q.height * q.width),
+                                   config_.block_out_channels.front(), 3.4 * q.bytes + 8.3, 0, 0,
+                                   q.batch, q.cpu);
+  }
+  if (q.method != "decode") return 0;
+  // A tile at a time with tiling, into the whole image in fp32.
+  int64_t h = q.height, w = q.width;
+  uint64_t output = 0;
+  if (q.tiled && (h > tile_sample_min_size_ || w > tile_sample_min_size_)) {
+    h = std::min(h, tile_sample_min_size_);
+    w = std::min(w, tile_sample_min_size_);
+    output = 2 * static_cast<uint64_t>(q.batch * config_.out_channels * q.height * q.width) * 4;
+  }
+  const auto& c = config_.block_out_channels;
+  const int64_t channels = c.size() > 1 ? std::max(c[0], c[1]) : c[0];
+  // ~4 maps in the compute dtype and 8 bytes of fp32 GroupNorm temporaries per element
+  // (measured: bench/run_plan_check).
+  return decoder_peak_bytes(static_cast<uint64_t>(q.batch * h * w), channels, 4.15 * q.bytes + 8.0,
+                            0, 0, q.batch, q.cpu) +
+         output;
 }
 
 TensorMap AutoencoderKL::call(const std::string& method, const TensorMap& inputs) {

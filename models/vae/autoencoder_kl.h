@@ -67,6 +67,7 @@ class AutoencoderKL : public Component {
   std::string class_name() const override { return "AutoencoderKL"; }
   std::vector<std::string> methods() const override { return {"forward", "encode", "decode"}; }
   TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  uint64_t activation_bytes(const ActivationQuery& query) const override;
 
   const AutoencoderKLConfig& config() const { return config_; }
 

@@ -212,4 +212,43 @@ class Decoder : public Module {
   Activation act_;
 };
 
+// A decoder's memory at its peak, for the memory plan (Component::activation_bytes): the feature
+// maps of its full-resolution level (`channels` x `positions`: the map upsampled into that level,
+// the widest there) at `per_channel` bytes for each channel and position (its live maps and
+// their fp32 temporaries, measured per VAE class), plus on the CPU the columns libtorch's 3D
+// convolution unfolds (slow_conv3d: in-channels x kernel volume x output positions in fp32; a GPU
+// convolves without them). libtorch takes that path only for inputs it deems small (batch x
+// in-channels x padded frames x padded rows <= 20480; larger fp32 inputs go to oneDNN, which
+// unfolds nothing): `conv3d_in` the in-channels of the level's 3D convolutions (0 for a 2D
+// decoder), `padded` their input's frames x rows.
+inline uint64_t decoder_peak_bytes(uint64_t positions, int64_t channels, double per_channel,
+                                   int64_t conv3d_in, int64_t padded, int64_t batch, bool cpu) {
+  const double maps = static_cast<double>(positions) * static_cast<double>(channels) * per_channel;
+  const bool unfolds = cpu && conv3d_in > 0 && batch * conv3d_in * padded <= 20480;
+  const uint64_t columns =
+      unfolds ? positions * static_cast<uint64_t>(conv3d_in) * 27 * 4 : uint64_t{0};
+  return static_cast<uint64_t>(maps) + columns;
+}
+
+// One resolution of a 3D decoder: its resnets (or an upsampler's convolution) go from `in` to
+// `out` channels at frames x height x width.
+struct DecoderLevel {
+  int64_t in = 0, out = 0;
+  int64_t frames = 1, height = 0, width = 0;
+};
+// decoder_peak_bytes at the level where it is largest (a lower level can unfold columns the
+// full-resolution level does not), with causal padding: two frames before, a row each side.
+inline uint64_t decoder_levels_peak_bytes(const std::vector<DecoderLevel>& levels,
+                                          double per_channel, int64_t batch, bool cpu) {
+  uint64_t peak = 0;
+  for (const DecoderLevel& l : levels) {
+    const auto positions = static_cast<uint64_t>(batch * l.frames * l.height * l.width);
+    const int64_t widest = l.in > l.out ? l.in : l.out;
+    const uint64_t b = decoder_peak_bytes(positions, widest, per_channel, widest,
+                                          (l.frames + 2) * (l.height + 2), batch, cpu);
+    peak = b > peak ? b : peak;
+  }
+  return peak;
+}
+
 }  // namespace xfuser::models::vae

@@ -492,13 +492,25 @@ MemoryEstimate check_wan_run(const fs::path& dir, const RunLayout& run) {
       std::to_string(run.guidance_scale) + ")";
   t.max_grid = config.rope_max_seq_len;
   t.components = {"text_encoder", "vae"};
-  if (clip) t.components.push_back("image_encoder");
+  t.encoders = {{"text_encoder", run.max_sequence_length}};
+  // Every block attends the text (padded to max_sequence_length) and, for I2V, the image's
+  // 257 CLIP tokens.
+  t.cross_attention_tokens = run.max_sequence_length + (clip ? 257 : 0);
+  t.half_fp32_tensors = 3;  // FP32LayerNorm
+  if (i2v) {
+    // The condition video (the picture, then zeros) is encoded whole.
+    t.encode_frames = run.num_frames;
+    t.encode_height = run.height;
+    t.encode_width = run.width;
+  }
+  // The VAE and the CLIP image encoder load in float32 (see load_components).
+  t.float32_components = {"vae", "image_encoder"};
+  if (clip) {
+    t.components.push_back("image_encoder");
+    t.encoders.emplace_back("image_encoder", 0);  // its own patch count
+  }
   if (two_experts) t.components.push_back("transformer_2");
   t.latent_frames = ((run.num_frames - 1) / temporal + 1) / config.patch_size[0];
-  int64_t widest = 0;
-  for (int64_t m : vae.dim_mult) widest = std::max(widest, m * vae.base_dim);
-  t.vae_max_channels = widest;
-  t.vae_scale = spatial;
   return dit::check_dit_run(dir, run, t);
 }
 

@@ -678,6 +678,23 @@ at::Tensor AutoencoderKLWan::decode(const at::Tensor& z, const vae::SpatialConte
 
 // --- call --------------------------------------------------------------------------------------
 
+uint64_t AutoencoderKLWan::activation_bytes(const ActivationQuery& q) const {
+  // Encoding runs chunk by chunk as decoding does, at the same sizes (measured alike).
+  if (q.method != "decode" && q.method != "encode") return 0;
+  // The decoder runs one latent frame at a time (its causal convolutions keep two frames of
+  // cache): 1 output frame, then temporal_scale() frames per latent frame, at full resolution;
+  // the frames gather into the output video in fp32. Its full-resolution level has base_dim x
+  // dim_mult[0] channels; the VAE computes in fp32 (measured: bench/run_plan_check).
+  const int64_t frames = q.frames > 1 ? temporal_scale() : 1;
+  const int64_t channels = config_.base_dim * config_.dim_mult.front();
+  const auto positions = static_cast<uint64_t>(q.batch * frames * q.height * q.width);
+  const auto video = static_cast<uint64_t>(q.batch * q.frames * q.height * q.width);
+  // Causal convolutions: two cached frames before the chunk's, one row of padding each side.
+  return vae::decoder_peak_bytes(positions, channels, 26.0, channels, (frames + 2) * (q.height + 2),
+                                 q.batch, q.cpu) +
+         video * 16;
+}
+
 TensorMap AutoencoderKLWan::call(const std::string& method, const TensorMap& inputs) {
   XF_CONTEXT("AutoencoderKLWan.", method);
   c10::InferenceMode guard;

@@ -66,6 +66,7 @@ class AutoencoderKLWan : public Component {
   std::string class_name() const override { return "AutoencoderKLWan"; }
   std::vector<std::string> methods() const override { return {"forward", "encode", "decode"}; }
   TensorMap call(const std::string& method, const TensorMap& inputs) override;
+  uint64_t activation_bytes(const ActivationQuery& query) const override;
 
   const WanVAEConfig& config() const { return config_; }
 

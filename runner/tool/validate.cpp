@@ -42,8 +42,7 @@ void validate(const CLI::App& cmd, const RunConfig& config, int world_size) {
   if (const auto memory = check_before_loading(args, dir)) {
     auto mib = [](uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; };
     std::cout << "layout: ok\nmemory: ok (about " << mib(memory->total()) << " per rank: weights "
-              << mib(memory->weights) << ", activations " << mib(memory->activations)
-              << ", attention " << mib(memory->attention) << ")\n";
+              << mib(memory->weights) << ", activations " << mib(memory->activations()) << ")\n";
   }
   nlohmann::json index;
   {
