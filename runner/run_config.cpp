@@ -62,9 +62,9 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
                "Also generate the exact (all warm-up) image; report PipeFusion's PSNR against it")
       ->group(kPar);
   app.add_flag("--dry_run", c.dry_run,
-               "Print the memory plan of one rank (weights, activations, attention scratch) for "
+               "Print the memory plan of one rank (weights, and the activations of each stage) for "
                "these flags and exit without loading a weight; the pipeline folder may hold its "
-               "config files alone")
+               "config files alone; with --device cuda it plans for a GPU on any machine")
       ->group(kPar);
   app.add_option("--device_memory_gib", c.device_memory_gib,
                  "With --dry_run: the memory of one device in GiB; the plan says whether the run "
