@@ -38,17 +38,38 @@ ProcessGroups::ProcessGroups(const WorldConfig& config, std::shared_ptr<Communic
   }
 }
 
-void ProcessGroups::create_fsdp_group() {
+std::vector<int> ProcessGroups::fsdp_members(int rank,
+                                             const std::vector<std::string>& hosts) const {
+  // Rank `rank`'s tp, pp and dp coordinates (and host, when hybrid).
+  const RankCoords a = config_.coords(rank);
+  std::vector<int> out;
+  for (int m = 0; m < config_.world_size(); ++m) {
+    const RankCoords c = config_.coords(m);
+    if (c.tp != a.tp || c.pp != a.pp || c.dp != a.dp) continue;
+    if (!hosts.empty() && hosts.at(m) != hosts.at(rank)) continue;
+    out.push_back(m);
+  }
+  return out;
+}
+
+void ProcessGroups::create_fsdp_group(const std::vector<std::string>& hosts) {
   if (fsdp_) return;
   XF_CONTEXT("creating the fsdp group of rank ", world_->rank());
-  std::vector<int> members;
-  std::string name = "fsdp[";
-  for (int r = 0; r < config_.world_size(); ++r) {
-    const RankCoords c = config_.coords(r);
-    if (c.tp != coords_.tp || c.pp != coords_.pp || c.dp != coords_.dp) continue;
-    name += (members.empty() ? "" : ",") + std::to_string(r);
-    members.push_back(r);
+  const int world = config_.world_size();
+  XF_CHECK(hosts.empty() || static_cast<int>(hosts.size()) == world,
+           "create_fsdp_group: ", hosts.size(), " host names for ", world, " ranks");
+  auto group_of = [&](int r) { return fsdp_members(r, hosts); };
+  if (!hosts.empty()) {
+    for (int r = 0; r < world; ++r) {
+      XF_CHECK(group_of(r).size() > 1, "--hybrid_fsdp shards within each host, and rank ", r,
+               " is the only rank of its generation group on host '", hosts[r],
+               "': nothing to shard there. Place at least two ranks of every group on each host "
+               "(consecutive ranks per host: mpirun --map-by slot), or drop --hybrid_fsdp");
+    }
   }
+  const std::vector<int> members = group_of(world_->rank());
+  std::string name = "fsdp[";
+  for (size_t i = 0; i < members.size(); ++i) name += (i ? "," : "") + std::to_string(members[i]);
   fsdp_ = world_->split(members.front(), world_->rank(), name + "]");
   XF_CHECK(fsdp_->size() == static_cast<int>(members.size()), "group '", fsdp_->name(),
            "' came out with ", fsdp_->size(), " ranks, expected ", members.size());

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parallel/communicator.h"
 #include "parallel/world_config.h"
@@ -43,7 +44,13 @@ class ProcessGroups {
   // prompts (a different number of forwards), so each keeps its own sharded copy: sharded
   // within a generation's ranks, replicated across data-parallel groups. Created by
   // create_fsdp_group() (collective over the world); null before.
-  void create_fsdp_group();
+  // With `hosts` (every world rank's host name): hybrid sharding, the group narrowed to the
+  // ranks on this rank's host ("fsdp[0,1]" on one host, "fsdp[2,3]" on the next), replicated
+  // across hosts. Every rank checks every host's group alike, so a host holding a single rank
+  // of a group is an error on all of them, before any split.
+  void create_fsdp_group(const std::vector<std::string>& hosts = {});
+  // The world ranks of rank `rank`'s fsdp group (narrowed to its host with `hosts`).
+  std::vector<int> fsdp_members(int rank, const std::vector<std::string>& hosts = {}) const;
   Communicator* fsdp() const { return fsdp_.get(); }
   Communicator& group(MeshDim dim) const;
 

@@ -47,6 +47,11 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
                "generation together (Ulysses x ring x CFG); each block gathered just before it "
                "runs")
       ->group(kPar);
+  app.add_flag("--hybrid_fsdp", c.hybrid_fsdp,
+               "With --use_fsdp: shard within each host and replicate across hosts (hybrid "
+               "sharding, HSDP): the gathers stay on a host's links, each rank holds 1/N of the "
+               "weights for the N ranks of its group on its host")
+      ->group(kPar);
   app.add_option("--num_pipeline_patch", c.num_pipeline_patch,
                  "PipeFusion patches (default: the pipeline degree)")
       ->group(kPar);
@@ -292,6 +297,8 @@ void validate_values(const RunConfig& c) {
            ")");
   XF_CHECK(c.device_memory_gib == 0 || c.dry_run,
            "--device_memory_gib is read by --dry_run's plan: give --dry_run too");
+  XF_CHECK(!c.hybrid_fsdp || c.use_fsdp,
+           "--hybrid_fsdp chooses how --use_fsdp shards (within each host): give --use_fsdp too");
   XF_CHECK(std::isfinite(c.comm_timeout) && c.comm_timeout > 0,
            "--comm_timeout must be a positive number of seconds (got ", c.comm_timeout, ")");
   // Collectives count their timeout in whole milliseconds.

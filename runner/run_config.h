@@ -31,6 +31,8 @@ struct RunConfig {
   bool use_cfg_parallel = false;
   bool use_parallel_vae = false;
   bool use_fsdp = false;
+  // --hybrid_fsdp: FSDP shards within each host and replicates across hosts (HSDP).
+  bool hybrid_fsdp = false;
   // --dry_run: print the memory plan per rank and exit without loading any weight.
   bool dry_run = false;
   double device_memory_gib = 0.0;  // --device_memory_gib: what the plan is checked against

@@ -738,6 +738,7 @@ int print_memory_plan(const RunConfig& given) {
   const int world = l.ulysses * l.ring * l.cfg * l.pipefusion * l.tensor * l.data;
   std::string how;
   if (c.use_fsdp) how += ", --use_fsdp over " + std::to_string(l.fsdp) + " ranks";
+  if (c.hybrid_fsdp) how += " (--hybrid_fsdp: the plan assumes each group on one host)";
   if (args.transformer_weights.kind != models::WeightFormat::Kind::kAsLoaded) {
     how += ", transformer weights " + weights_name(args.transformer_weights);
   }
@@ -780,8 +781,9 @@ int print_memory_plan(const RunConfig& given) {
 }
 
 std::optional<models::MemoryEstimate> check_before_loading(const ResolvedArgs& args,
-                                                           const fs::path& model_dir) {
-  const auto estimate = estimate_memory(args, model_dir, run_layout(args));
+                                                           const fs::path& model_dir,
+                                                           const models::RunLayout& layout) {
+  const auto estimate = estimate_memory(args, model_dir, layout);
   if (!estimate) return std::nullopt;
   const models::MemoryEstimate m = *estimate;
   // Ranks on this node share its memory.
@@ -797,7 +799,7 @@ std::optional<models::MemoryEstimate> check_before_loading(const ResolvedArgs& a
            local > 1 ? std::to_string(local) + " ranks x " : std::string(), "weights ",
            gib(m.weights), ", activations ", gib(m.activations()), " per rank at ",
            args.config.height.value_or(0), "x", args.config.width.value_or(0), ", batch ",
-           run_layout(args).batch_size, ", ", args.config.dtype, "), but ", gib(have),
+           layout.batch_size, ", ", args.config.dtype, "), but ", gib(have),
            " is available (MemAvailable + SwapFree): lower --height/--width or --batch_size, use "
            "--enable_tiling, or spread the model over more ranks");
   return m;
@@ -854,7 +856,11 @@ void Runner::initialize(const ResolvedArgs& args) {
   }
   model_dir_ = resolve_model_dir(args);
   // The layout against the model's configs and the memory the run needs, before any weight.
-  plan_ = check_before_loading(args, model_dir_);
+  models::RunLayout layout = run_layout(args);
+  if (args.config.use_fsdp && args.config.hybrid_fsdp && groups_) {
+    layout.fsdp = static_cast<int>(groups_->fsdp_members(groups_->rank(), hosts_).size());
+  }
+  plan_ = check_before_loading(args, model_dir_, layout);
   spdlog::info("loading {} from {} ({})", spec.id, model_dir_.string(), args.config.dtype);
   backends::set_default_attention_kernel(args.attention_kernel);
   backends::reset_attention_kernel_calls();
@@ -875,7 +881,7 @@ void Runner::initialize(const ResolvedArgs& args) {
   options.transformer_weights = args.transformer_weights;
   options.offload = args.offload;
   if (args.config.use_fsdp) {
-    groups_->create_fsdp_group();
+    groups_->create_fsdp_group(args.config.hybrid_fsdp ? hosts_ : std::vector<std::string>{});
     options.fsdp = true;
     spdlog::info("--use_fsdp: every component but the VAE sharded over group '{}'",
                  groups_->fsdp()->name());
@@ -1192,6 +1198,7 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                         {"transformer_weights", weights_name(args.transformer_weights)},
                         {"cpu_offload", models::offload_mode_name(args.offload)},
                         {"use_fsdp", c.use_fsdp},
+                        {"hybrid_fsdp", c.hybrid_fsdp},
                         {"prompts", args.request.prompts.size()},
                         {"batch_size", args.batch_size},
                         {"dataset_path", c.dataset_path},

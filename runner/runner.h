@@ -156,8 +156,12 @@ models::RunLayout run_layout(const ResolvedArgs& args);
 // `xfuser validate`: the model's layout check against `model_dir`'s configs and weight headers
 // (degrees, sizes, guidance), then its memory estimate against this machine's available memory
 // (times the ranks on this node). Returns the estimate (nullopt: the model has no check).
+// `layout`: run_layout(args), with what only the mesh knows (hybrid FSDP's ranks per host).
 std::optional<models::MemoryEstimate> check_before_loading(const ResolvedArgs& args,
-                                                           const std::filesystem::path& model_dir);
+                                                           const std::filesystem::path& model_dir,
+                                                           const models::RunLayout& layout);
+// The run's layout as the memory plan reads it (degrees, sizes, dtype, device).
+models::RunLayout run_layout(const ResolvedArgs& args);
 
 // The pipeline folder of a run: --model_path, the embedded tiny model (built on first use), or
 // the model's repo in the Hugging Face cache; checked to hold model_index.json.

@@ -140,6 +140,8 @@ std::vector<Case> cases() {
              "ulysses 1, ring 1, cfg 1"}),
       flags("DeviceMemoryWithoutDryRun", kRun + "--device_memory_gib 80",
             {"--device_memory_gib is read by --dry_run's plan: give --dry_run too"}),
+      flags("HybridFsdpWithoutFsdp", kRun + "--hybrid_fsdp",
+            {"--hybrid_fsdp chooses how --use_fsdp shards", "give --use_fsdp too"}),
       flags("FsdpWithCpuOffload", kRun + "--use_fsdp --enable_model_cpu_offload",
             {"--use_fsdp with --enable_model_cpu_offload is not supported"}),
       flags("BothCpuOffloads", kRun + "--enable_model_cpu_offload --enable_sequential_cpu_offload",

@@ -2,7 +2,8 @@
 // namespaces with their own host names, Open MPI over TCP between them, an rsh agent that enters
 // the second one): xfuser-run with Ulysses 2 x data parallel 2 and FSDP on 2 + 2 ranks writes the
 // images of the same run on one host, and every rank's report lays the groups out as planned:
-// Ulysses and FSDP within a host, data parallel across. Skipped where namespaces cannot be made
+// Ulysses and FSDP within a host, data parallel across. Then hybrid FSDP (--hybrid_fsdp): a
+// generation group over both hosts sharded within each. Skipped where namespaces cannot be made
 // (not root, or no CAP_NET_ADMIN / CAP_SYS_ADMIN).
 #include <filesystem>
 #include <fstream>
@@ -74,6 +75,63 @@ TEST(TwoHosts, UlyssesAndFsdpStayWithinAHostAndTheImagesEqualOneHost) {
     EXPECT_EQ(report["memory"]["fsdp"]["group"], "fsdp" + pair);
   }
   EXPECT_NE(first, "");
+}
+
+// Hybrid sharding: one generation group over both hosts (Ulysses 4), FSDP narrowed to each host
+// ([0,1] and [2,3]) and replicated across them; the images equal the one-host run with the group
+// sharded whole. With one rank of the group per host there is nothing to shard: every rank
+// fails with the same error, before loading.
+TEST(TwoHosts, HybridFsdpShardsWithinEachHost) {
+  xfuser::testing::TempDir cache, one, two, alone;
+  setenv("XFUSER_CACHE", cache.path().c_str(), 1);
+  const fs::path repo = xfuser::testing::source_dir();
+  const std::string bin = (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string();
+  const std::string args =
+      " --model tiny-flux --prompt 'a cat' --height 64 --width 48 --num_inference_steps 2 "
+      "--dtype fp32 --max_sequence_length 8 --ulysses_degree 4 --use_fsdp";
+  const std::string two_hosts =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 240 " +
+      (repo / "scripts" / "two-hosts-mpirun.sh").string();
+  const std::string env = " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 -x XFUSER_CACHE ";
+  std::string log;
+  const int code =
+      xfuser::testing::run_command(two_hosts + " 2" + env + bin + args +
+                                       " --hybrid_fsdp --output_directory " + two.path().string(),
+                                   &log);
+  if (code == 77) GTEST_SKIP() << log;
+  ASSERT_EQ(code, 0) << log;
+  ASSERT_EQ(xfuser::testing::run_command(xfuser::testing::mpirun_prefix(4) + bin + args +
+                                             " --output_directory " + one.path().string(),
+                                         &log),
+            0)
+      << log;
+  const std::string name = "tiny-flux_u4r1_tc_False_64x48_0.png";
+  ASSERT_TRUE(fs::exists(two / name)) << name;
+  EXPECT_LE(xfuser::testing::max_pixel_diff(two / name, one / name), 1) << name;
+  for (int r = 0; r < 4; ++r) {
+    const auto report = read_json(two / ("timings_rank" + std::to_string(r) + ".json"));
+    const std::string pair = r < 2 ? "[0,1]" : "[2,3]";
+    EXPECT_EQ(report["memory"]["fsdp"]["group"], "fsdp" + pair);
+    EXPECT_EQ(report["memory"]["fsdp"]["group_size"], 2);
+    EXPECT_TRUE(report["config"]["hybrid_fsdp"].get<bool>());
+    const auto& groups = report["layout"]["groups"];
+    ASSERT_TRUE(groups.contains("fsdp" + pair)) << groups.dump();
+    EXPECT_EQ(groups["fsdp" + pair][0], groups["fsdp" + pair][1]);
+  }
+  const auto whole = read_json(one / "timings_rank0.json");
+  EXPECT_EQ(whole["memory"]["fsdp"]["group"], "fsdp[0,1,2,3]");
+
+  EXPECT_NE(xfuser::testing::run_command(
+                two_hosts + " 1" + env + bin +
+                    " --model tiny-flux --prompt 'a cat' --height 64 --width 48 "
+                    "--num_inference_steps 2 --dtype fp32 --ulysses_degree 2 --use_fsdp "
+                    "--hybrid_fsdp --output_directory " +
+                    alone.path().string(),
+                &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("is the only rank of its generation group on host"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 1"), std::string::npos) << log;
 }
 
 }  // namespace

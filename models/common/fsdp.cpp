@@ -220,18 +220,16 @@ void FsdpSharder::add_component(const std::string& name, std::shared_ptr<Module>
   // blocks run, or its rest and the block prefetched for the next step.
   int64_t gathered_bound = 0;
   for (const auto& c : components_) {
-    int64_t l = 0, s = 0, r = 0;
+    TwoLargest<int64_t> blocks;
+    int64_t rest_bytes = 0;
     for (const auto& g : c->groups) {
-      if (!g->block) {
-        r += g->bytes;
-      } else if (g->bytes > l) {
-        s = l;
-        l = g->bytes;
+      if (g->block) {
+        blocks.add(g->bytes);
       } else {
-        s = std::max(s, g->bytes);
+        rest_bytes += g->bytes;
       }
     }
-    gathered_bound = std::max(gathered_bound, std::max(l + s, r + l));
+    gathered_bound = std::max(gathered_bound, std::max(blocks.sum(), rest_bytes + blocks.first));
   }
   stats_.bound_bytes = stats_.shard_bytes + stats_.replicated_bytes + gathered_bound;
 }

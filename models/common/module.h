@@ -126,6 +126,22 @@ struct WeightFormat {
   void apply(ParamSlot& slot) const;
 };
 
+// The two largest block sizes of a component: streaming blocks one at a time with the next one
+// already on its way holds at most their sum (CPU offload's and FSDP's bounds, the memory plan).
+template <typename T>
+struct TwoLargest {
+  T first = 0, second = 0;
+  void add(T n) {
+    if (n > first) {
+      second = first;
+      first = n;
+    } else if (n > second) {
+      second = n;
+    }
+  }
+  T sum() const { return first + second; }
+};
+
 // (prefix position, block index) of parameter `name` under "<prefix><index>." for one of
 // `prefixes` ("transformer_blocks.", ...), or (-1, -1): how CPU offload and FSDP group a
 // model's parameters by block.

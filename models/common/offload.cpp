@@ -169,28 +169,23 @@ void Offloader::add_component(const std::string& name, std::shared_ptr<Module> m
     g->index = comp->blocks.size();
     comp->blocks.push_back(g);
   }
-  int64_t largest_block = 0, second_block = 0;
+  TwoLargest<int64_t> largest;
   for (const auto& g : comp->groups) {
     comp->bytes += g->bytes;
     if (!g->block) continue;
     ++stats_.blocks;
-    if (g->bytes > largest_block) {
-      second_block = largest_block;
-      largest_block = g->bytes;
-    } else {
-      second_block = std::max(second_block, g->bytes);
-    }
+    largest.add(g->bytes);
   }
   ++stats_.components;
   stats_.largest_component_bytes = std::max(stats_.largest_component_bytes, comp->bytes);
   if (comp->blocks.empty()) {
     stats_.bound_bytes = std::max(stats_.bound_bytes, comp->bytes);
   } else {
-    stats_.largest_block_bytes = std::max(stats_.largest_block_bytes, largest_block);
+    stats_.largest_block_bytes = std::max(stats_.largest_block_bytes, largest.first);
     stats_.largest_resident_part_bytes = std::max(stats_.largest_resident_part_bytes, rest->bytes);
-    stats_.bound_bytes = std::max(stats_.bound_bytes, rest->bytes + largest_block + second_block);
+    stats_.bound_bytes = std::max(stats_.bound_bytes, rest->bytes + largest.sum());
     stats_.streamed_bound_bytes =
-        std::max(stats_.streamed_bound_bytes, rest->bytes + largest_block + second_block);
+        std::max(stats_.streamed_bound_bytes, rest->bytes + largest.sum());
   }
   components_.push_back(std::move(comp));
 }

@@ -82,16 +82,9 @@ ShardedBytes sharded_bytes(const fs::path& dir, bool transformer,
     const auto key = block_list_key(p.name, block_prefixes);
     (key.first >= 0 ? blocks[key] : rest) += n;
   }
-  uint64_t largest = 0, second = 0;
-  for (const auto& [key, n] : blocks) {
-    if (n > largest) {
-      second = largest;
-      largest = n;
-    } else {
-      second = std::max(second, n);
-    }
-  }
-  c.gathered = std::max(largest + second, rest + largest);
+  TwoLargest<uint64_t> largest;
+  for (const auto& [key, n] : blocks) largest.add(n);
+  c.gathered = std::max(largest.sum(), rest + largest.first);
   return c;
 }
 

@@ -39,7 +39,7 @@ void validate(const CLI::App& cmd, const RunConfig& config, int world_size) {
   const fs::path dir = resolve_model_dir(args);
   std::cout << "pipeline: " << dir.string() << "\n";
   // The same check xfuser-run makes before loading: layout against the configs, and memory.
-  if (const auto memory = check_before_loading(args, dir)) {
+  if (const auto memory = check_before_loading(args, dir, run_layout(args))) {
     auto mib = [](uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; };
     std::cout << "layout: ok\nmemory: ok (about " << mib(memory->total()) << " per rank: weights "
               << mib(memory->weights) << ", activations " << mib(memory->activations()) << ")\n";
