@@ -24,22 +24,28 @@ nlohmann::json read_json(const fs::path& p) {
   return nlohmann::json::parse(in);
 }
 
+// xfuser-run `args` on two simulated hosts of `ranks_per_host` ranks each; exit code 77: skip.
+int run_on_two_hosts(int ranks_per_host, const std::string& args, std::string* log) {
+  const fs::path repo = xfuser::testing::source_dir();
+  const std::string bin = (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string();
+  return xfuser::testing::run_command(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 240 " +
+          (repo / "scripts" / "two-hosts-mpirun.sh").string() + " " +
+          std::to_string(ranks_per_host) +
+          " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 -x XFUSER_CACHE " + bin + args,
+      log);
+}
+
 TEST(TwoHosts, UlyssesAndFsdpStayWithinAHostAndTheImagesEqualOneHost) {
   xfuser::testing::TempDir cache, one, two;
   setenv("XFUSER_CACHE", cache.path().c_str(), 1);
-  const fs::path repo = xfuser::testing::source_dir();
   const std::string bin = (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string();
   const std::string args =
       " --model tiny-flux --prompt 'a cat' --prompt 'an owl at night' --height 64 --width 48 "
       "--num_inference_steps 2 --dtype fp32 --max_sequence_length 8 --ulysses_degree 2 "
       "--data_parallel_degree 2 --use_fsdp";
   std::string log;
-  const int code = xfuser::testing::run_command(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 240 " +
-          (repo / "scripts" / "two-hosts-mpirun.sh").string() +
-          " 2 -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 -x XFUSER_CACHE " + bin + args +
-          " --output_directory " + two.path().string(),
-      &log);
+  const int code = run_on_two_hosts(2, args + " --output_directory " + two.path().string(), &log);
   if (code == 77) GTEST_SKIP() << log;
   ASSERT_EQ(code, 0) << log;
   ASSERT_EQ(xfuser::testing::run_command(xfuser::testing::mpirun_prefix(4) + bin + args +
@@ -84,20 +90,13 @@ TEST(TwoHosts, UlyssesAndFsdpStayWithinAHostAndTheImagesEqualOneHost) {
 TEST(TwoHosts, HybridFsdpShardsWithinEachHost) {
   xfuser::testing::TempDir cache, one, two, alone;
   setenv("XFUSER_CACHE", cache.path().c_str(), 1);
-  const fs::path repo = xfuser::testing::source_dir();
   const std::string bin = (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string();
   const std::string args =
       " --model tiny-flux --prompt 'a cat' --height 64 --width 48 --num_inference_steps 2 "
       "--dtype fp32 --max_sequence_length 8 --ulysses_degree 4 --use_fsdp";
-  const std::string two_hosts =
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 240 " +
-      (repo / "scripts" / "two-hosts-mpirun.sh").string();
-  const std::string env = " -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 -x XFUSER_CACHE ";
   std::string log;
   const int code =
-      xfuser::testing::run_command(two_hosts + " 2" + env + bin + args +
-                                       " --hybrid_fsdp --output_directory " + two.path().string(),
-                                   &log);
+      run_on_two_hosts(2, args + " --hybrid_fsdp --output_directory " + two.path().string(), &log);
   if (code == 77) GTEST_SKIP() << log;
   ASSERT_EQ(code, 0) << log;
   ASSERT_EQ(xfuser::testing::run_command(xfuser::testing::mpirun_prefix(4) + bin + args +
@@ -121,13 +120,12 @@ TEST(TwoHosts, HybridFsdpShardsWithinEachHost) {
   const auto whole = read_json(one / "timings_rank0.json");
   EXPECT_EQ(whole["memory"]["fsdp"]["group"], "fsdp[0,1,2,3]");
 
-  EXPECT_NE(xfuser::testing::run_command(
-                two_hosts + " 1" + env + bin +
-                    " --model tiny-flux --prompt 'a cat' --height 64 --width 48 "
-                    "--num_inference_steps 2 --dtype fp32 --ulysses_degree 2 --use_fsdp "
-                    "--hybrid_fsdp --output_directory " +
-                    alone.path().string(),
-                &log),
+  EXPECT_NE(run_on_two_hosts(1,
+                             " --model tiny-flux --prompt 'a cat' --height 64 --width 48 "
+                             "--num_inference_steps 2 --dtype fp32 --ulysses_degree 2 --use_fsdp "
+                             "--hybrid_fsdp --output_directory " +
+                                 alone.path().string(),
+                             &log),
             0)
       << log;
   EXPECT_NE(log.find("is the only rank of its generation group on host"), std::string::npos) << log;

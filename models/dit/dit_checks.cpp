@@ -229,32 +229,24 @@ MemoryEstimate check_dit_run(const fs::path& dir, const RunLayout& run, const Di
     }
   }
 
-  // Encoding an input picture or video.
-  if (t.encode_height > 0) {
+  // The VAE's own model of encoding an input picture or video, and of decoding (a tile with
+  // --enable_tiling).
+  auto vae_call = [&](const char* method, int64_t frames, int64_t height, int64_t width) {
     ActivationQuery q;
-    q.method = "encode";
+    q.method = method;
     q.batch = run.batch_size;
-    q.frames = t.encode_frames;
-    q.height = t.encode_height;
-    q.width = t.encode_width;
-    q.bytes = static_cast<int>(part_bytes("vae"));
-    q.cpu = run.cpu;
-    m.image_encode = component_activation_bytes(dir / "vae", q);
-  }
-
-  // Decoding: the VAE's own model of its decoder (a tile with --enable_tiling).
-  {
-    ActivationQuery q;
-    q.method = "decode";
-    q.batch = run.batch_size;
-    q.frames = std::max(1, run.num_frames);
-    q.height = run.height;
-    q.width = run.width;
+    q.frames = frames;
+    q.height = height;
+    q.width = width;
     q.tiled = run.enable_tiling;
     q.bytes = static_cast<int>(part_bytes("vae"));
     q.cpu = run.cpu;
-    m.vae = component_activation_bytes(dir / "vae", q);
+    return component_activation_bytes(dir / "vae", q);
+  };
+  if (t.encode_height > 0) {
+    m.image_encode = vae_call("encode", t.encode_frames, t.encode_height, t.encode_width);
   }
+  m.vae = vae_call("decode", std::max(1, run.num_frames), run.height, run.width);
   return m;
 }
 

@@ -174,14 +174,9 @@ SiglipVisionTransformer::Output SiglipVisionModel::forward(const at::Tensor& px)
 }
 
 uint64_t SiglipVisionModel::activation_bytes(const ActivationQuery& q) const {
-  // One picture's patch tokens: the attention's fp32 scores (blocked kernel: ~one head's), or the
-  // MLP's [B, S, intermediate] in and out, beside the residual stream.
-  const auto s = static_cast<uint64_t>(q.tokens > 0 ? q.tokens : config_.num_patches());
-  const auto b = static_cast<uint64_t>(std::max<int64_t>(1, q.batch));
-  const uint64_t scores = b * s * s * 4 * 3;
-  const uint64_t mlp =
-      3 * b * s * static_cast<uint64_t>(config_.intermediate_size) * static_cast<uint64_t>(q.bytes);
-  return std::max(scores, mlp) + 4 * b * s * static_cast<uint64_t>(config_.hidden_size) * 4;
+  // One picture's patch tokens; the blocked kernel holds ~one head's fp32 scores.
+  return encoder_layer_peak_bytes(q.batch, q.tokens > 0 ? q.tokens : config_.num_patches(), 4 * 3,
+                                  config_.intermediate_size, config_.hidden_size, q.bytes);
 }
 
 TensorMap SiglipVisionModel::call(const std::string& method, const TensorMap& inputs) {

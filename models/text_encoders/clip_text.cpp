@@ -132,13 +132,10 @@ void ClipTextModel::load(const TensorSource& source, c10::ScalarType dtype,
 }
 
 uint64_t ClipTextModel::activation_bytes(const ActivationQuery& q) const {
-  // 77 tokens: the causal mask and fp32 scores of every head, or the MLP's [B, S, 4d] in and out.
-  const auto s = static_cast<uint64_t>(q.tokens);
-  const auto b = static_cast<uint64_t>(std::max<int64_t>(1, q.batch));
-  const uint64_t scores = b * static_cast<uint64_t>(config_.num_attention_heads) * s * s * 4 * 2;
-  const uint64_t mlp =
-      3 * b * s * static_cast<uint64_t>(config_.intermediate_size) * static_cast<uint64_t>(q.bytes);
-  return std::max(scores, mlp) + 4 * b * s * static_cast<uint64_t>(config_.hidden_size) * 4;
+  // 77 tokens: the causal mask and fp32 scores of every head.
+  return encoder_layer_peak_bytes(q.batch, q.tokens,
+                                  static_cast<uint64_t>(config_.num_attention_heads) * 4 * 2,
+                                  config_.intermediate_size, config_.hidden_size, q.bytes);
 }
 
 TensorMap ClipTextModel::call(const std::string& method, const TensorMap& inputs) {
