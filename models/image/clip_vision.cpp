@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "models/common/encoder_memory.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/tensor_source.h"
 

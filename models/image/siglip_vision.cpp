@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "models/common/encoder_memory.h"
 #include "models/weights/component_folder.h"
 
 namespace xfuser::models::image {

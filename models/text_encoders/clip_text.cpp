@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "models/common/encoder_memory.h"
 #include "models/text_encoders/clip_encoder.h"
 #include "models/weights/component_folder.h"
 #include "models/weights/tensor_source.h"
