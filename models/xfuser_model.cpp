@@ -189,6 +189,7 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
   out.images = state->images.to(at::kCPU);
   out.latents = state->latents;
   out.initial_latents = state->initial_latents;
+  out.cache = std::move(state->cache_report);
   out.total_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return out;
 }

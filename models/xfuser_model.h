@@ -29,6 +29,7 @@
 #include "models/common/fsdp.h"
 #include "models/common/module.h"
 #include "models/common/offload.h"
+#include "models/step_cache_config.h"
 
 namespace xfuser::parallel {
 class ProcessGroups;
@@ -88,6 +89,8 @@ struct GenerationOutput {
   at::Tensor initial_latents;
   std::vector<StageTiming> timings;
   double total_seconds = 0.0;
+  // What the step cache skipped (--cache; method kNone without it).
+  StepCacheReport cache;
 };
 
 struct ModelLoadOptions {
@@ -117,6 +120,8 @@ struct ModelLoadOptions {
   // --use_fsdp (models/common/fsdp.h): every component but the VAE is sharded over the process
   // groups' fsdp group (created before load), each rank reading only its rows.
   bool fsdp = false;
+  // --cache and its parameters: step caching in the denoising loop (models/step_cache_config.h).
+  StepCacheConfig cache;
   // Where the weights are read to: the host under offload, else `device`.
   c10::Device weights_device() const {
     return offload == OffloadMode::kNone ? device : c10::Device(c10::kCPU);
@@ -174,9 +179,10 @@ class XFuserModel {
   struct State {
     virtual ~State() = default;
     GenerationRequest request;
-    at::Tensor images;           // uint8 [B, H, W, 3] (video [B, F, H, W, 3]), set by decode()
-    at::Tensor latents;          // final latents, set by decode()
-    at::Tensor initial_latents;  // set by prepare_latents()
+    at::Tensor images;             // uint8 [B, H, W, 3] (video [B, F, H, W, 3]), set by decode()
+    at::Tensor latents;            // final latents, set by decode()
+    at::Tensor initial_latents;    // set by prepare_latents()
+    StepCacheReport cache_report;  // filled by the step cache, if the run has one
   };
 
   virtual void load_components(const std::filesystem::path& pipeline_dir,

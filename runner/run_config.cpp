@@ -7,6 +7,7 @@
 
 #include "backends/error.h"
 #include "models/schedulers/scheduler_config.h"
+#include "models/step_cache_config.h"
 
 namespace xfuser::runner {
 
@@ -160,6 +161,49 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
                  "else auto)")
       ->check(CLI::IsMember({"auto", "chunked", "flash", "efficient", "cudnn"}))
       ->group(kOpt);
+  const char* kCache = "Step caching options (docs/caching.md)";
+  app.add_option("--cache", c.cache,
+                 "Skip work between denoising steps: fbcache (First-Block Cache), taylorseer, "
+                 "magcache or none")
+      ->check(CLI::IsMember({"none", "fbcache", "taylorseer", "magcache"}))
+      ->group(kCache)
+      ->capture_default_str();
+  app.add_option("--cache_threshold", c.cache_threshold,
+                 "fbcache: relative change of the first block's residual below which the other "
+                 "blocks are skipped (default 0.05); magcache: accumulated error allowed "
+                 "(default 0.06)")
+      ->group(kCache);
+  app.add_option("--cache_max_skip_steps", c.cache_max_skip_steps,
+                 "magcache: most consecutive skipped steps (default 3)")
+      ->group(kCache);
+  app.add_option("--cache_retention_ratio", c.cache_retention_ratio,
+                 "magcache: fraction of the first steps never skipped (default 0.2)")
+      ->group(kCache);
+  app.add_option("--cache_mag_ratios", c.cache_mag_ratios,
+                 "magcache: the model's magnitude ratios, one per step of a calibration run "
+                 "(comma-separated; default: the model's published ones)")
+      ->delimiter(',')
+      ->group(kCache);
+  app.add_flag("--cache_calibrate", c.cache_calibrate,
+               "magcache: skip nothing and report this run's magnitude ratios (timings.json: "
+               "cache.calibration)")
+      ->group(kCache);
+  app.add_option("--cache_interval", c.cache_interval,
+                 "taylorseer: period of the full steps after the warm-up (default 5)")
+      ->group(kCache);
+  app.add_option("--cache_disable_before_step", c.cache_disable_before_step,
+                 "taylorseer: full steps before the first prediction (default 3)")
+      ->group(kCache);
+  app.add_option("--cache_disable_after_step", c.cache_disable_after_step,
+                 "taylorseer: every step from this one on runs in full (default: none)")
+      ->group(kCache);
+  app.add_option("--cache_max_order", c.cache_max_order,
+                 "taylorseer: order of the Taylor series (default 1)")
+      ->group(kCache);
+  app.add_option("--cache_factors_dtype", c.cache_factors_dtype,
+                 "taylorseer: dtype of the kept Taylor factors (default: the compute dtype)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->group(kCache);
   app.add_option("--dtype", c.dtype, "Compute dtype: fp32, bf16 or fp16 (default: model's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->group(kOpt);
@@ -232,6 +276,76 @@ std::string check_seed_text(const std::string& text) {
   }
   return "";
 }
+
+namespace {
+
+// The step-cache flags: each parameter belongs to the method chosen, and is in range.
+void validate_cache_flags(const RunConfig& c) {
+  const models::CacheMethod method = models::parse_cache_method(c.cache);
+  auto only_for = [&](bool given, const char* flag, models::CacheMethod owner,
+                      models::CacheMethod other = models::CacheMethod::kNone) {
+    XF_CHECK(!given || method == owner || (other != models::CacheMethod::kNone && method == other),
+             flag, " is a parameter of --cache ", models::cache_method_name(owner),
+             other != models::CacheMethod::kNone
+                 ? std::string(" and ") + models::cache_method_name(other)
+                 : std::string(),
+             ", not of --cache ", c.cache);
+  };
+  using M = models::CacheMethod;
+  only_for(c.cache_threshold.has_value(), "--cache_threshold", M::kFirstBlock, M::kMagCache);
+  only_for(c.cache_max_skip_steps.has_value(), "--cache_max_skip_steps", M::kMagCache);
+  only_for(c.cache_retention_ratio.has_value(), "--cache_retention_ratio", M::kMagCache);
+  only_for(!c.cache_mag_ratios.empty(), "--cache_mag_ratios", M::kMagCache);
+  only_for(c.cache_calibrate, "--cache_calibrate", M::kMagCache);
+  only_for(c.cache_interval.has_value(), "--cache_interval", M::kTaylorSeer);
+  only_for(c.cache_disable_before_step.has_value(), "--cache_disable_before_step", M::kTaylorSeer);
+  only_for(c.cache_disable_after_step.has_value(), "--cache_disable_after_step", M::kTaylorSeer);
+  only_for(c.cache_max_order.has_value(), "--cache_max_order", M::kTaylorSeer);
+  only_for(!c.cache_factors_dtype.empty(), "--cache_factors_dtype", M::kTaylorSeer);
+  if (c.cache_threshold) {
+    XF_CHECK(std::isfinite(*c.cache_threshold) && *c.cache_threshold >= 0,
+             "--cache_threshold must be a non-negative number (got ", *c.cache_threshold, ")");
+  }
+  if (c.cache_max_skip_steps) {
+    XF_CHECK(*c.cache_max_skip_steps >= 0, "--cache_max_skip_steps must be >= 0 (got ",
+             *c.cache_max_skip_steps, ")");
+  }
+  if (c.cache_retention_ratio) {
+    XF_CHECK(std::isfinite(*c.cache_retention_ratio) && *c.cache_retention_ratio >= 0 &&
+                 *c.cache_retention_ratio <= 1,
+             "--cache_retention_ratio must be in [0, 1] (got ", *c.cache_retention_ratio, ")");
+  }
+  for (double r : c.cache_mag_ratios) {
+    XF_CHECK(std::isfinite(r) && r > 0, "--cache_mag_ratios: every ratio must be a positive ",
+             "number (got ", r, ")");
+  }
+  XF_CHECK(!(c.cache_calibrate && !c.cache_mag_ratios.empty()),
+           "--cache_calibrate measures the ratios that --cache_mag_ratios gives: give one");
+  if (c.cache_interval) {
+    XF_CHECK(*c.cache_interval >= 1, "--cache_interval must be >= 1 (got ", *c.cache_interval, ")");
+  }
+  if (c.cache_disable_before_step) {
+    XF_CHECK(*c.cache_disable_before_step >= 1,
+             "--cache_disable_before_step must be >= 1: TaylorSeer predicts from a computed step "
+             "(got ",
+             *c.cache_disable_before_step, ")");
+  }
+  if (c.cache_disable_after_step) {
+    XF_CHECK(*c.cache_disable_after_step >= 0, "--cache_disable_after_step must be >= 0 (got ",
+             *c.cache_disable_after_step, ")");
+  }
+  if (c.cache_max_order) {
+    XF_CHECK(*c.cache_max_order >= 0 && *c.cache_max_order <= 8,
+             "--cache_max_order must be in [0, 8] (got ", *c.cache_max_order, ")");
+  }
+  XF_CHECK(method == M::kNone || c.pipefusion_parallel_degree == 1, "--cache ", c.cache,
+           " with --pipefusion_parallel_degree ", c.pipefusion_parallel_degree,
+           " is not supported: PipeFusion's stages run stale patches of different steps, so a "
+           "skip could not be decided for the whole model; use Ulysses, ring, CFG, tensor or "
+           "data parallelism with step caching");
+}
+
+}  // namespace
 
 void validate_values(const RunConfig& c) {
   auto positive = [](const char* flag, int value) {
@@ -308,6 +422,7 @@ void validate_values(const RunConfig& c) {
            c.comm_timeout);
   if (c.num_inference_steps) positive("--num_inference_steps", *c.num_inference_steps);
   if (c.batch_size) positive("--batch_size", *c.batch_size);
+  validate_cache_flags(c);
   for (auto [flag, value] : {std::pair{"--height", c.height}, std::pair{"--width", c.width}}) {
     if (!value) continue;
     XF_CHECK(*value > 0 && *value % 16 == 0, flag, " must be a positive multiple of 16 (got ",

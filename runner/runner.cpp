@@ -26,6 +26,7 @@
 #include "backends/error.h"
 #include "backends/tensor_util.h"
 #include "models/dit/dit_pipefusion.h"
+#include "models/dit/step_cache.h"
 #include "models/registry.h"
 #include "models/schedulers/scheduler_config.h"
 #include "models/weights/hub_cache.h"
@@ -144,6 +145,84 @@ std::string weights_name(const models::WeightFormat& w) {
   return "?";
 }
 
+// --cache and its parameters with the defaults of the method filled in.
+models::StepCacheConfig resolve_cache(const RunConfig& c, c10::ScalarType dtype) {
+  models::StepCacheConfig out;
+  out.method = models::parse_cache_method(c.cache);
+  if (out.method != models::CacheMethod::kTeaCache) out.threshold = c.cache_threshold;
+  if (!out.threshold && (out.method == models::CacheMethod::kFirstBlock ||
+                         out.method == models::CacheMethod::kMagCache)) {
+    out.threshold = models::dit::default_cache_threshold(out.method);
+  }
+  out.max_skip_steps = c.cache_max_skip_steps.value_or(out.max_skip_steps);
+  out.retention_ratio = c.cache_retention_ratio.value_or(out.retention_ratio);
+  out.mag_ratios = c.cache_mag_ratios;
+  out.calibrate = c.cache_calibrate;
+  out.cache_interval = c.cache_interval.value_or(out.cache_interval);
+  out.disable_cache_before_step =
+      c.cache_disable_before_step.value_or(out.disable_cache_before_step);
+  out.disable_cache_after_step = c.cache_disable_after_step.value_or(out.disable_cache_after_step);
+  out.max_order = c.cache_max_order.value_or(out.max_order);
+  out.factors_dtype =
+      c.cache_factors_dtype.empty() ? dtype : backends::parse_dtype(c.cache_factors_dtype);
+  return out;
+}
+
+// How the step cache runs, as reports and PNG text name it.
+std::string cache_description(const models::StepCacheConfig& k) {
+  std::string text = models::cache_method_name(k.method);
+  switch (k.method) {
+    case models::CacheMethod::kNone:
+      break;
+    case models::CacheMethod::kFirstBlock:
+    case models::CacheMethod::kTeaCache:
+      text += " threshold=" + format_double(k.threshold.value_or(0.0));
+      break;
+    case models::CacheMethod::kMagCache: {
+      text += " threshold=" + format_double(k.threshold.value_or(0.0)) +
+              " max_skip_steps=" + std::to_string(k.max_skip_steps) +
+              " retention_ratio=" + format_double(k.retention_ratio);
+      if (k.calibrate) text += " calibrate";
+      std::string ratios;
+      for (double r : k.mag_ratios) ratios += (ratios.empty() ? "" : ",") + format_double(r);
+      if (!ratios.empty()) text += " mag_ratios=" + ratios;
+      break;
+    }
+    case models::CacheMethod::kTaylorSeer:
+      text += " cache_interval=" + std::to_string(k.cache_interval) +
+              " disable_cache_before_step=" + std::to_string(k.disable_cache_before_step) +
+              " disable_cache_after_step=" + std::to_string(k.disable_cache_after_step) +
+              " max_order=" + std::to_string(k.max_order) +
+              " factors_dtype=" + backends::dtype_name(k.factors_dtype.value_or(c10::kFloat));
+      break;
+  }
+  return text;
+}
+
+// A generation's step-cache report (timings.json: iterations[].cache). NaN metrics are null.
+nlohmann::json cache_json(const models::StepCacheReport& r) {
+  auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
+  nlohmann::json decisions = nlohmann::json::array();
+  for (const auto& d : r.decisions) {
+    decisions.push_back({{"step", d.step},
+                         {"model", d.model},
+                         {"branch", d.branch},
+                         {"computed", d.computed},
+                         {"metric", number(d.metric)},
+                         {"local_metric", number(d.local_metric)}});
+  }
+  nlohmann::json out = {{"method", models::cache_method_name(r.method)},
+                        {"computed", r.computed},
+                        {"skipped", r.skipped},
+                        {"decisions", decisions}};
+  if (!r.calibration.empty()) {
+    nlohmann::json calibration = nlohmann::json::object();
+    for (const auto& [name, ratios] : r.calibration) calibration[name] = ratios;
+    out["calibration"] = calibration;
+  }
+  return out;
+}
+
 // The parameters an image records (PNG text) and --resume compares: everything that changes the
 // pixels. `negative` is set when the prompt runs with true CFG.
 std::map<std::string, std::string> generation_text(const ResolvedArgs& args,
@@ -182,6 +261,7 @@ std::map<std::string, std::string> generation_text(const ResolvedArgs& args,
     text["weights"] = w;
   }
   if (c.flow_sigmas) text["flow_sigmas"] = *c.flow_sigmas;
+  if (args.cache.enabled()) text["cache"] = cache_description(args.cache);
   if (c.guidance_scale_2) text["guidance_scale_2"] = format_double(*c.guidance_scale_2);
   // The input files, by digest: a changed picture or latents file under the same name is a change.
   std::string images;
@@ -455,6 +535,7 @@ ResolvedArgs Runner::preprocess_args() const {
            "--use_fp8_gemms with --tensor_parallel_degree ", c.tensor_parallel_degree,
            " is not supported yet: a row-parallel layer would scale each rank's part of a row on "
            "its own; use sequence, CFG, data or PipeFusion parallelism with FP8 GEMMs");
+  args.cache = resolve_cache(c, args.dtype);
   XF_CHECK(!(c.enable_model_cpu_offload && c.enable_sequential_cpu_offload),
            "--enable_model_cpu_offload and --enable_sequential_cpu_offload are two ways to keep "
            "the weights in host memory (whole components, or the transformer's blocks one at a "
@@ -880,6 +961,7 @@ void Runner::initialize(const ResolvedArgs& args) {
   options.parallel_vae = args.config.use_parallel_vae;
   options.transformer_weights = args.transformer_weights;
   options.offload = args.offload;
+  options.cache = args.cache;
   if (args.config.use_fsdp) {
     groups_->create_fsdp_group(args.config.hybrid_fsdp ? hosts_ : std::vector<std::string>{});
     options.fsdp = true;
@@ -1217,6 +1299,7 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                         {"warmup_calls", c.warmup_calls},
                         {"num_iterations", c.num_iterations},
                         {"threads", at::get_num_threads()}};
+    if (args.cache.enabled()) report["config"]["cache"] = cache_description(args.cache);
     nlohmann::json iterations = nlohmann::json::array();
     for (size_t i = 0; i < result.iterations.size(); ++i) {
       const auto& it = result.iterations[i];
@@ -1239,11 +1322,13 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
       }
       nlohmann::json prompts = nlohmann::json::array();
       if (i < result.iteration_prompts.size()) prompts = result.iteration_prompts[i];
-      iterations.push_back({{"total_seconds", it.total_seconds},
-                            {"prompt_indices", prompts},
-                            {"stages_seconds", stage_sum},
-                            {"stages", stages},
-                            {"comm", comm}});
+      nlohmann::json entry = {{"total_seconds", it.total_seconds},
+                              {"prompt_indices", prompts},
+                              {"stages_seconds", stage_sum},
+                              {"stages", stages},
+                              {"comm", comm}};
+      if (it.cache.method != models::CacheMethod::kNone) entry["cache"] = cache_json(it.cache);
+      iterations.push_back(entry);
     }
     report["iterations"] = iterations;
     nlohmann::json timeline = nlohmann::json::array();

@@ -57,6 +57,8 @@ struct ResolvedArgs {
   models::WeightFormat transformer_weights;
   // --enable_model_cpu_offload / --enable_sequential_cpu_offload.
   models::OffloadMode offload = models::OffloadMode::kNone;
+  // --cache and its parameters, defaults filled in.
+  models::StepCacheConfig cache;
 };
 
 // Communication per group name, then per operation, of one timed iteration.

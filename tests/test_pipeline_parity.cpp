@@ -4,6 +4,7 @@
 // from the same initial latents as diffusers' run (GenerationRequest::latents, what `xfuser-run
 // --latents` feeds); the final latents equal diffusers' output_type="latent" result within 1e-4
 // relative (fp32) and the decoded image diffusers' output_type="np" within 1/255.
+#include <algorithm>
 #include <fstream>
 
 #include <ATen/ATen.h>
@@ -84,6 +85,70 @@ INSTANTIATE_TEST_SUITE_P(Pipelines, ResavedByDiffusers0421,
                                            "wan22-t2v-tiny", "wan22-i2v-tiny", "hunyuan-video-tiny",
                                            "hunyuan_video15-tiny", "hunyuan_video15-i2v-tiny",
                                            "flux2-tiny"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string id = info.param;
+                           for (char& c : id) {
+                             if (c == '-') c = '_';
+                           }
+                           return id;
+                         });
+
+// Step caching against diffusers 0.42.1's cache hooks (FirstBlockCacheConfig, MagCacheConfig,
+// TaylorSeerCacheConfig in lite mode) on every transformer of the pipeline: cache-v0.42.1/
+// <pipeline>/<method>/ holds a committed case run at 8 steps with the hook, every transformer
+// call's decision in order, and the final latents. The same calls must run in full or be served
+// from the cache (per guidance branch, per expert), and the final latents equal diffusers' within
+// 1e-4 relative (fp32).
+class CacheParity : public ::testing::TestWithParam<std::string> {};
+TEST_P(CacheParity, SameSkipsAndFinalLatentsAsDiffusers) {
+  namespace models = xfuser::models;
+  const std::string name = GetParam();
+  const fs::path root = xfuser::testing::fixtures_dir() / "cache-v0.42.1" / name;
+  XF_REQUIRE_FIXTURE(root);
+  const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / name;
+  const auto& spec = ModelRegistry::for_pipeline_folder(folder);
+  int methods = 0;
+  for (const char* method : {"fbcache", "magcache", "taylorseer"}) {
+    const fs::path dir = root / method;
+    SCOPED_TRACE(dir.string());
+    XF_REQUIRE_FIXTURE(dir);
+    const auto c = xfuser::testing::read_json(dir / "case.json");
+    const auto& k = c["cache"];
+    models::ModelLoadOptions options;  // fp32
+    options.cache.method = models::parse_cache_method(k["method"]);
+    if (k.contains("threshold")) options.cache.threshold = k["threshold"].get<double>();
+    options.cache.max_skip_steps = k.value("max_skip_steps", 3);
+    options.cache.retention_ratio = k.value("retention_ratio", 0.2);
+    if (k.contains("mag_ratios"))
+      options.cache.mag_ratios = k["mag_ratios"].get<std::vector<double>>();
+    options.cache.cache_interval = k.value("cache_interval", 5);
+    options.cache.disable_cache_before_step = k.value("disable_cache_before_step", 3);
+    options.cache.max_order = k.value("max_order", 1);
+    if (k.contains("factors_dtype")) options.cache.factors_dtype = at::kFloat;
+    auto model = spec.create(spec);
+    model->load(folder, options);
+    GenerationRequest r = xfuser::testing::reference_case_request(dir);
+    // diffusers 0.42's UniPC takes its flow sigmas from one, whatever the folder's version.
+    if (name.rfind("wan", 0) == 0) r.flow_sigmas = "from_one";
+    const auto out = model->generate(r);
+    std::string want, got;
+    for (const auto& d : c["decisions"]) want += d["computed"].get<bool>() ? 'C' : '.';
+    for (const auto& d : out.cache.decisions) got += d.computed ? 'C' : '.';
+    EXPECT_EQ(got, want) << "transformer calls run in full (C) or served from the cache (.)";
+    EXPECT_EQ(out.cache.skipped, static_cast<int>(std::count(want.begin(), want.end(), '.')));
+    const at::Tensor final_latents =
+        xfuser::models::SafetensorsFile((dir / "final.safetensors").string()).get("latents");
+    ASSERT_EQ(out.latents.sizes(), final_latents.sizes());
+    const double rel = xfuser::testing::max_rel_error(out.latents, final_latents);
+    EXPECT_LE(rel, 1e-4) << "final latents vs diffusers";
+    std::printf("%s %s: %s, final latents rel %.2e\n", name.c_str(), method, got.c_str(), rel);
+    ++methods;
+  }
+  EXPECT_EQ(methods, 3);
+}
+INSTANTIATE_TEST_SUITE_P(Pipelines, CacheParity,
+                         ::testing::Values("flux-tiny", "wan-t2v-tiny", "wan22-t2v-tiny",
+                                           "hunyuan-video-tiny"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string id = info.param;
                            for (char& c : id) {

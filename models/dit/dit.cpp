@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "backends/error.h"
+#include "models/dit/step_cache.h"
 #include "profiling/trace.h"
 
 namespace xfuser::models::dit {
@@ -13,7 +14,16 @@ namespace xfuser::models::dit {
 at::Tensor DiTTransformer::forward(const DiTInputs& in) const {
   check_inputs(in);
   auto a = embed(in);
-  run_blocks(a, part_.block_begin, part_.block_end);
+  if (block_cache_ != nullptr) {
+    // Step caching (models/dit/step_cache.h) works on the whole model (PipeFusion refuses it).
+    XF_CHECK(
+        part_.block_begin == 0 && part_.block_end == num_blocks() && part_.embedders && part_.head,
+        class_name(), ": step caching needs the whole model, this instance holds blocks [",
+        part_.block_begin, ", ", part_.block_end, ")");
+    block_cache_->run_blocks(*this, a);
+  } else {
+    run_blocks(a, part_.block_begin, part_.block_end);
+  }
   return finalize(a);
 }
 

@@ -26,6 +26,8 @@
 
 namespace xfuser::models::dit {
 
+class BlockCacheCall;  // models/dit/step_cache.h
+
 // The token-level inputs of one transformer forward.
 struct DiTInputs {
   at::Tensor tokens;     // [B, N, C_in] patchified latents
@@ -135,6 +137,13 @@ class DiTTransformer : public Component {
 
   // Routes every attention call; an empty hook restores the local backends op.
   void set_attention_hook(AttentionHook hook) { attention_hook_ = std::move(hook); }
+  // While set, forward() has `call` run (or serve from the step cache) the blocks between embed
+  // and finalize; nullptr: the blocks run. The caller keeps `call` alive while it is set.
+  void set_block_cache(BlockCacheCall* call) { block_cache_ = call; }
+  BlockCacheCall* block_cache() const { return block_cache_; }
+  // MagCache's published magnitude ratios of this model (one per step of the published
+  // calibration run); empty: none published, --cache_mag_ratios or --cache_calibrate needed.
+  virtual std::vector<double> published_mag_ratios() const { return {}; }
   // The collectives of the tensor-parallel group (unused at degree 1).
   void set_tensor_parallel_ops(TensorParallelOps ops) { tp_ops_ = std::move(ops); }
 
@@ -152,6 +161,7 @@ class DiTTransformer : public Component {
  private:
   AttentionHook attention_hook_;
   TensorParallelOps tp_ops_;
+  BlockCacheCall* block_cache_ = nullptr;
 };
 
 // Builds an unloaded transformer of `class_name` for a part and a tensor-parallel rank from its

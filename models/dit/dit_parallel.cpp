@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/error.h"
+#include "models/dit/step_cache.h"
 #include "models/weights/component_folder.h"
 #include "parallel/process_groups.h"
 #include "parallel/sequence_shard.h"
@@ -159,6 +160,8 @@ at::Tensor sequence_parallel_forward(DiTTransformer& model, const DiTInputs& ful
     in.text_ids = shard_or_keep(text, full.text_ids, 0, rank);
     in.text_mask = shard_or_keep(text, full.text_mask, 1, rank);
   }
+  // A block-level step cache measures its metrics on the real rows only.
+  if (model.block_cache() != nullptr) model.block_cache()->valid_image_rows = image.valid(rank);
   parallel::UspAttention usp(groups.ulysses(), groups.ring(), mode, image.valid_counts());
   struct HookGuard {
     DiTTransformer& model;
@@ -180,6 +183,28 @@ at::Tensor sequence_parallel_forward(DiTTransformer& model, const DiTInputs& ful
 at::Tensor dit_forward(DiTTransformer& model, const DiTInputs& in,
                        const parallel::ProcessGroups* groups) {
   return groups ? sequence_parallel_forward(model, in, *groups) : model.forward(in);
+}
+
+at::Tensor cached_forward(DiTTransformer& model, const DiTInputs& in,
+                          const parallel::ProcessGroups* groups, const StepCacheUse& use,
+                          const std::string& branch, bool across_cfg) {
+  if (use.cache == nullptr) return dit_forward(model, in, groups);
+  CacheScope scope;
+  if (groups) {
+    std::vector<parallel::Communicator*> comms;
+    if (groups->config().sp() > 1) comms.push_back(&groups->sp());
+    // Tensor-parallel ranks hold the same activations: summing over them scales numerator and
+    // denominator alike, and makes the totals (so the decision) bitwise the same on all of them.
+    if (groups->config().tp() > 1) comms.push_back(&groups->tp());
+    if (across_cfg && groups->config().cfg() > 1) comms.push_back(&groups->cfg());
+    if (!comms.empty()) {
+      scope.sum = [comms](at::Tensor& t) {
+        for (parallel::Communicator* c : comms) c->all_reduce(t);
+      };
+    }
+  }
+  return use.cache->evaluate(model, use.model_name, branch, use.step, scope,
+                             [&] { return dit_forward(model, in, groups); });
 }
 
 DiTInputs concat_branches(const DiTInputs& negative, const DiTInputs& positive) {
@@ -207,24 +232,29 @@ DiTInputs concat_branches(const DiTInputs& negative, const DiTInputs& positive) 
 }
 
 at::Tensor guided_noise(DiTTransformer& model, const DiTInputs& positive, const DiTInputs& negative,
-                        double scale, const parallel::ProcessGroups* groups, bool batched) {
+                        double scale, const parallel::ProcessGroups* groups, bool batched,
+                        const StepCacheUse& cache) {
   const int64_t b = positive.tokens.size(0);
   if (groups && groups->config().cfg() == 2) {
     // CFG parallel: cfg rank 0 runs the negative branch, rank 1 the positive one; every rank
     // combines the gathered predictions (and then steps the scheduler identically).
-    const DiTInputs& mine = groups->coords().cfg == 0 ? negative : positive;
-    at::Tensor out = dit_forward(model, mine, groups).contiguous();
+    const bool negative_here = groups->coords().cfg == 0;
+    const DiTInputs& mine = negative_here ? negative : positive;
+    const std::string branch = batched ? "batch" : negative_here ? "uncond" : "cond";
+    at::Tensor out = cached_forward(model, mine, groups, cache, branch, batched).contiguous();
     at::Tensor both = groups->cfg().all_gather(out, 0);  // [neg; pos]
     at::Tensor neg = both.narrow(0, 0, b);
     return neg + scale * (both.narrow(0, b, b) - neg);
   }
   if (batched) {
-    at::Tensor both = dit_forward(model, concat_branches(negative, positive), groups);
+    at::Tensor both =
+        cached_forward(model, concat_branches(negative, positive), groups, cache, "batch");
     at::Tensor neg = both.narrow(0, 0, b);
     return neg + scale * (both.narrow(0, b, b) - neg);
   }
-  at::Tensor pos = dit_forward(model, positive, groups);
-  at::Tensor neg = dit_forward(model, negative, groups);
+  // diffusers' order: the "cond" context, then "uncond".
+  at::Tensor pos = cached_forward(model, positive, groups, cache, "cond");
+  at::Tensor neg = cached_forward(model, negative, groups, cache, "uncond");
   return neg + scale * (pos - neg);
 }
 

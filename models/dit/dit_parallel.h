@@ -72,13 +72,34 @@ at::Tensor sequence_parallel_forward(DiTTransformer& model, const DiTInputs& in,
 at::Tensor dit_forward(DiTTransformer& model, const DiTInputs& in,
                        const parallel::ProcessGroups* groups);
 
+class StepCache;
+
+// The step cache of one denoising step: evaluations go through `cache` (models/dit/step_cache.h)
+// under the name of the transformer (its folder: "transformer", "transformer_2"); no cache:
+// every evaluation runs.
+struct StepCacheUse {
+  StepCache* cache = nullptr;
+  std::string model_name = "transformer";
+  int step = 0;
+};
+
+// dit_forward through the step cache for guidance branch `branch` ("cond", "uncond", "batch").
+// The ranks that decide together: the sequence-parallel and tensor-parallel groups, and the cfg
+// group too when `across_cfg` (the branches are one batch, split over the cfg group).
+at::Tensor cached_forward(DiTTransformer& model, const DiTInputs& in,
+                          const parallel::ProcessGroups* groups, const StepCacheUse& use,
+                          const std::string& branch, bool across_cfg = false);
+
 // Classifier-free guidance: noise = neg + scale * (pos - neg) (diffusers' order and
 // arithmetic), where pos / neg are the model outputs on `positive` / `negative` (same tokens,
 // other text conditioning). With a cfg degree of 2 in `groups`, cfg rank 0 evaluates the
 // negative branch and rank 1 the positive one and the two outputs are all-gathered; otherwise
 // both run here (batched when `batched`, as diffusers' pipelines concatenate [neg, pos]).
+// With a step cache the branches keep their own cache state ("cond", "uncond") unless batched
+// ("batch": one decision for both, also when the cfg group splits them).
 at::Tensor guided_noise(DiTTransformer& model, const DiTInputs& positive, const DiTInputs& negative,
-                        double scale, const parallel::ProcessGroups* groups, bool batched = false);
+                        double scale, const parallel::ProcessGroups* groups, bool batched = false,
+                        const StepCacheUse& cache = {});
 
 // [neg; pos] along the batch for every per-sample input (the pipelines' CFG batch).
 DiTInputs concat_branches(const DiTInputs& negative, const DiTInputs& positive);

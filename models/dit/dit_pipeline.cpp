@@ -74,6 +74,20 @@ void DiTPipeline::load_transformer(const std::filesystem::path& dir,
                                         options.transformer_weights, rows.row_part, rows.row_parts);
   }
   register_component(dir.filename().string(), transformer_, transformer_->block_list_prefixes());
+  transformer_names_[transformer_.get()] = dir.filename().string();
+  const StepCacheConfig& cache = options.cache;
+  if (cache.enabled()) {
+    XF_CHECK(!groups || groups->config().pp() == 1, "--cache ", cache_method_name(cache.method),
+             " with --pipefusion_parallel_degree ", groups ? groups->config().pp() : 1,
+             " is not supported: PipeFusion's stages run stale patches of different steps, so a "
+             "skip could not be decided for the whole model; use Ulysses, ring, CFG, tensor or "
+             "data parallelism with step caching");
+    XF_CHECK(cache.method != CacheMethod::kMagCache || cache.calibrate ||
+                 !cache.mag_ratios.empty() || !transformer_->published_mag_ratios().empty(),
+             "--cache magcache: ", transformer_->class_name(), " (", dir.string(),
+             ") has no published magnitude ratios; give --cache_mag_ratios, or run once with "
+             "--cache_calibrate to measure them");
+  }
 }
 
 void DiTPipeline::check_layout(const GenerationRequest& request, bool cfg,
@@ -109,6 +123,18 @@ void DiTPipeline::denoise(DiTState& s, int index, DiTInputs positive, const DiTI
                           double scale, bool batched_cfg, const StepFn& step) {
   const auto& groups = process_groups();
   const int64_t b = s.tokens.size(0);
+  StepCacheUse cache;
+  if (load_options().cache.enabled()) {
+    if (!s.step_cache) {
+      StepCacheConfig config = load_options().cache;
+      if (config.mag_ratios.empty()) config.mag_ratios = transformer_->published_mag_ratios();
+      s.step_cache =
+          std::make_unique<StepCache>(config, num_steps(s), transformer_->dtype(), &s.cache_report);
+    }
+    cache.cache = s.step_cache.get();
+    cache.model_name = transformer_names_.at(transformer_.get());
+    cache.step = index;
+  }
   if (s.pipefusion) {
     int branches = 1;
     PipeFusion::CombineFn combine = [](const at::Tensor& out) { return out; };
@@ -144,12 +170,13 @@ void DiTPipeline::denoise(DiTState& s, int index, DiTInputs positive, const DiTI
   if (negative) {
     DiTInputs neg = *negative;
     if (!neg.tokens.defined()) neg.tokens = positive.tokens;
-    noise = guided_noise(*transformer_, positive, neg, scale, groups.get(), batched_cfg);
+    noise = guided_noise(*transformer_, positive, neg, scale, groups.get(), batched_cfg, cache);
   } else {
-    noise = dit_forward(*transformer_, positive, groups.get());
+    noise = cached_forward(*transformer_, positive, groups.get(), cache, "cond");
   }
   s.tokens = step(noise, s.tokens, {0, s.tokens.size(1), s.tokens.size(1)});
   check_finite(s, index);
+  if (s.step_cache && index + 1 == num_steps(s)) s.step_cache->finish();
 }
 
 void DiTPipeline::check_finite(const DiTState& s, int index) const {

@@ -8,11 +8,13 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "models/dit/dit.h"
 #include "models/dit/dit_pipefusion.h"
+#include "models/dit/step_cache.h"
 #include "models/registry.h"
 #include "models/xfuser_model.h"
 
@@ -53,6 +55,7 @@ class DiTPipeline : public XFuserModel {
   struct DiTState : State {
     at::Tensor tokens;  // the latents as transformer tokens [B, N, C] (updated every step)
     std::unique_ptr<PipeFusion> pipefusion;  // pp > 1
+    std::unique_ptr<StepCache> step_cache;   // --cache (created by the first denoise())
   };
   // (noise prediction [B, n, C], latents [B, n, C]) -> the next latents (the scheduler step).
   using StepFn = PipeFusion::StepFn;
@@ -71,7 +74,8 @@ class DiTPipeline : public XFuserModel {
   // classifier-free guidance: neg + scale * (pos - neg), the two branches batched as [neg, pos]
   // when `batched_cfg`, else evaluated one after the other), then `step`. Sequence parallel,
   // CFG parallel and PipeFusion are chosen from the process groups. positive.tokens may be left
-  // undefined: state.tokens is used.
+  // undefined: state.tokens is used. With --cache every evaluation goes through the step cache
+  // (state.step_cache), under the name the transformer was loaded as.
   void denoise(DiTState& state, int index, DiTInputs positive, const DiTInputs* negative,
                double scale, bool batched_cfg, const StepFn& step);
 
@@ -93,6 +97,8 @@ class DiTPipeline : public XFuserModel {
 
   std::shared_ptr<DiTTransformer> transformer_;
   std::shared_ptr<vae::AutoencoderKL> vae_;
+  // The folder name each loaded transformer was loaded from ("transformer", "transformer_2").
+  std::map<const DiTTransformer*, std::string> transformer_names_;
   int vae_scale_factor_ = 8;
 };
 

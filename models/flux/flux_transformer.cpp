@@ -9,6 +9,7 @@
 #include "backends/error.h"
 #include "models/common/kernels.h"
 #include "models/dit/dit_pipefusion.h"
+#include "models/dit/step_cache.h"
 #include "profiling/trace.h"
 
 namespace xfuser::models::flux {
@@ -503,6 +504,10 @@ std::shared_ptr<dit::DiTTransformer> make_flux_dit(const nlohmann::json& config,
                                                    dit::DiTPart part, TensorParallel tp) {
   return std::make_shared<FluxTransformer2DModel>(FluxConfig::from_json(config, config_path), part,
                                                   tp);
+}
+
+std::vector<double> FluxTransformer2DModel::published_mag_ratios() const {
+  return dit::flux_mag_ratios();
 }
 
 }  // namespace xfuser::models::flux

@@ -71,6 +71,8 @@ class FluxTransformer2DModel : public dit::DiTTransformer {
   std::vector<std::string> block_list_prefixes() const override {
     return {"transformer_blocks.", "single_transformer_blocks."};
   }
+  // diffusers' FLUX_MAG_RATIOS (FLUX.1-dev, 28 steps).
+  std::vector<double> published_mag_ratios() const override;
 
   // The DiT interface (models/dit/dit.h). Attention layer indices: double block i -> i, single
   // block j -> num_layers + j.

@@ -1,0 +1,414 @@
+#include "models/dit/step_cache.h"
+
+#include <cmath>
+#include <limits>
+
+#include <ATen/ATen.h>
+
+#include "backends/error.h"
+
+namespace xfuser::models {
+
+const char* cache_method_name(CacheMethod method) {
+  switch (method) {
+    case CacheMethod::kNone:
+      return "none";
+    case CacheMethod::kFirstBlock:
+      return "fbcache";
+    case CacheMethod::kTaylorSeer:
+      return "taylorseer";
+    case CacheMethod::kMagCache:
+      return "magcache";
+    case CacheMethod::kTeaCache:
+      return "teacache";
+  }
+  return "?";
+}
+
+CacheMethod parse_cache_method(const std::string& name, const std::string& flag) {
+  for (CacheMethod m : {CacheMethod::kNone, CacheMethod::kFirstBlock, CacheMethod::kTaylorSeer,
+                        CacheMethod::kMagCache, CacheMethod::kTeaCache}) {
+    if (name == cache_method_name(m)) return m;
+  }
+  XF_THROW(flag, " '", name, "' is not a step-cache method: use fbcache, taylorseer, magcache, ",
+           "teacache or none");
+}
+
+}  // namespace xfuser::models
+
+namespace xfuser::models::dit {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Python's a % b for b > 0 (never negative), as diffusers' schedules compute it.
+int py_mod(int a, int b) { return ((a % b) + b) % b; }
+
+// The first `rows` rows of [B, n, D] (all of them when rows < 0).
+at::Tensor valid_rows(const at::Tensor& x, int64_t rows) {
+  return rows < 0 || rows >= x.size(1) ? x : x.narrow(1, 0, rows);
+}
+
+// The sums of `values` (float64 scalars) over the decision's ranks.
+at::Tensor summed(const at::Tensor& values, const CacheScope& scope) {
+  at::Tensor t = values.to(at::kCPU, at::kDouble).contiguous();
+  if (scope.sum) scope.sum(t);
+  return t;
+}
+
+}  // namespace
+
+at::Tensor image_stream(const DiTTransformer& model, const DiTActivations& a) {
+  if (!a.joined) return a.hidden;
+  const int64_t n = a.hidden.size(1) - a.text_tokens;
+  return model.text_attention() == TextAttention::kJointTextFirst
+             ? a.hidden.narrow(1, a.text_tokens, n)
+             : a.hidden.narrow(1, 0, n);
+}
+
+double default_cache_threshold(CacheMethod method) {
+  switch (method) {
+    case CacheMethod::kFirstBlock:
+      return 0.05;  // diffusers' FirstBlockCacheConfig
+    case CacheMethod::kMagCache:
+      return 0.06;  // diffusers' MagCacheConfig
+    case CacheMethod::kTeaCache:
+    case CacheMethod::kTaylorSeer:
+    case CacheMethod::kNone:
+      return 0.0;
+  }
+  return 0.0;
+}
+
+const std::vector<double>& flux_mag_ratios() {
+  static const std::vector<double> ratios = {
+      1.0,     1.21094, 1.11719, 1.07812, 1.0625,  1.03906, 1.03125, 1.03906, 1.02344, 1.03125,
+      1.02344, 0.98047, 1.01562, 1.00781, 1.0,     1.00781, 1.0,     1.00781, 1.0,     1.0,
+      0.99609, 0.99609, 0.98047, 0.98828, 0.96484, 0.95703, 0.93359, 0.89062};
+  return ratios;
+}
+
+std::vector<double> interpolate_mag_ratios(const std::vector<double>& ratios, int steps) {
+  XF_CHECK(!ratios.empty() && steps >= 1, "MagCache ratios: ", ratios.size(), " ratios for ",
+           steps, " steps");
+  // torch.tensor(list of floats) holds float32 values.
+  std::vector<double> src;
+  for (double r : ratios) src.push_back(static_cast<float>(r));
+  if (static_cast<int>(src.size()) == steps) return src;
+  if (steps == 1) return {src.back()};
+  const double scale = static_cast<double>(src.size() - 1) / (steps - 1);
+  // grid (float32) * scale, rounded half to even, as torch.round.
+  at::Tensor idx = at::round(at::arange(steps, at::kFloat) * scale).to(at::kLong);
+  std::vector<double> out;
+  for (int64_t i = 0; i < steps; ++i) out.push_back(src.at(idx[i].item<int64_t>()));
+  return out;
+}
+
+struct StepCache::BranchState {
+  int calls = 0;  // evaluations so far
+  // fbcache
+  at::Tensor head_residual;  // the first block's image residual at the last computed step
+  at::Tensor tail_residual;  // the other blocks' image residual at the last computed step
+  // magcache
+  at::Tensor previous_residual;
+  float accumulated_ratio = 1.0f;  // float32, as diffusers' tensor arithmetic
+  float accumulated_err = 0.0f;
+  int accumulated_steps = 0;
+  int step_index = 0;
+  std::vector<double> calibration;
+  // taylorseer
+  int current_step = -1;
+  int last_update_step = -1;  // -1: never updated
+  std::vector<at::Tensor> factors;
+  c10::ScalarType output_dtype = at::kFloat;
+};
+
+namespace {
+
+// fbcache: the first block decides whether the others run.
+class FirstBlockCall : public BlockCacheCall {
+ public:
+  FirstBlockCall(StepCache::BranchState& st, const CacheScope& scope, double threshold)
+      : st_(st), scope_(scope), threshold_(threshold) {}
+
+  void run_blocks(const DiTTransformer& model, DiTActivations& a) override {
+    const int64_t blocks = model.num_blocks();
+    XF_CHECK(blocks >= 2, model.class_name(), " has ", blocks,
+             " block(s): First-Block Cache needs a first block and at least one more");
+    at::Tensor before = image_stream(model, a);
+    model.run_blocks(a, 0, 1);
+    at::Tensor head = image_stream(model, a);
+    at::Tensor residual = head - before;
+    if (st_.head_residual.defined()) {
+      // diffusers: (residual - prev).abs().mean() / prev.abs().mean(), over every element: the
+      // sums over the real rows of every rank of the decision.
+      at::Tensor prev = valid_rows(st_.head_residual, valid_image_rows);
+      at::Tensor diff =
+          (valid_rows(residual, valid_image_rows) - prev).abs().sum(c10::ScalarType::Double);
+      at::Tensor base = prev.abs().sum(c10::ScalarType::Double);
+      at::Tensor local = summed(at::stack({diff, base}), {});
+      local_metric = local[0].item<double>() / local[1].item<double>();
+      at::Tensor all = summed(at::stack({diff, base}), scope_);
+      metric = all[0].item<double>() / all[1].item<double>();
+      computed = metric > threshold_;
+    }
+    if (!computed) {
+      // The other blocks' residual of the last computed step on this step's first block.
+      a.hidden = st_.tail_residual + head;
+      a.joined = false;
+      return;
+    }
+    st_.head_residual = residual;
+    model.run_blocks(a, 1, blocks);
+    st_.tail_residual = image_stream(model, a) - head;
+  }
+
+  bool computed = true;
+  double metric = kNaN;
+  double local_metric = kNaN;
+
+ private:
+  StepCache::BranchState& st_;
+  const CacheScope& scope_;
+  double threshold_;
+};
+
+// magcache: the calibrated magnitude ratios decide; a skipped step reuses the blocks' residual.
+class MagCacheCall : public BlockCacheCall {
+ public:
+  MagCacheCall(StepCache::BranchState& st, const CacheScope& scope, const StepCacheConfig& config,
+               const std::vector<double>& ratios, int steps)
+      : st_(st), scope_(scope), config_(config), ratios_(ratios), steps_(steps) {}
+
+  void run_blocks(const DiTTransformer& model, DiTActivations& a) override {
+    at::Tensor before = image_stream(model, a);
+    if (!config_.calibrate) {
+      const int step = st_.step_index;
+      const float scale = step < static_cast<int>(ratios_.size())
+                              ? static_cast<float>(ratios_[static_cast<size_t>(step)])
+                              : 1.0f;
+      const int retention =
+          static_cast<int>(config_.retention_ratio * static_cast<double>(steps_) + 0.5);
+      if (step >= retention) {
+        st_.accumulated_ratio *= scale;
+        st_.accumulated_steps += 1;
+        st_.accumulated_err += std::fabs(1.0f - st_.accumulated_ratio);
+        metric = st_.accumulated_err;
+        if (st_.previous_residual.defined() &&
+            st_.accumulated_err <= static_cast<float>(threshold()) &&
+            st_.accumulated_steps <= config_.max_skip_steps) {
+          computed = false;
+        } else {
+          st_.accumulated_ratio = 1.0f;
+          st_.accumulated_steps = 0;
+          st_.accumulated_err = 0.0f;
+        }
+      }
+    }
+    if (!computed) {
+      a.hidden = before + st_.previous_residual;
+      a.joined = false;
+      advance();
+      return;
+    }
+    model.run_blocks(a, 0, model.num_blocks());
+    at::Tensor residual = image_stream(model, a) - before;
+    if (config_.calibrate) calibrate(residual);
+    st_.previous_residual = residual;
+    advance();
+  }
+
+  bool computed = true;
+  double metric = kNaN;
+  bool finished = false;  // the state reached the run's last step and was reset
+
+ private:
+  double threshold() const {
+    return config_.threshold.value_or(default_cache_threshold(CacheMethod::kMagCache));
+  }
+
+  // diffusers: mean over tokens of |res| / (|prev| + 1e-8), norms over the last dimension.
+  void calibrate(const at::Tensor& residual) {
+    if (!st_.previous_residual.defined()) {
+      st_.calibration.push_back(1.0);
+      return;
+    }
+    at::Tensor cur = at::linalg_norm(residual.to(at::kFloat), c10::nullopt, {-1});
+    at::Tensor prev = at::linalg_norm(st_.previous_residual.to(at::kFloat), c10::nullopt, {-1});
+    at::Tensor ratio = cur / (prev + 1e-8);  // [B, n]
+    ratio = valid_image_rows < 0 || valid_image_rows >= ratio.size(1)
+                ? ratio
+                : ratio.narrow(1, 0, valid_image_rows);
+    at::Tensor sums =
+        summed(at::stack({ratio.sum(c10::ScalarType::Double),
+                          at::scalar_tensor(static_cast<double>(ratio.numel()), at::kDouble)}),
+               scope_);
+    st_.calibration.push_back(sums[0].item<double>() / sums[1].item<double>());
+  }
+
+  void advance() {
+    st_.step_index += 1;
+    if (st_.step_index < steps_) return;
+    finished = true;
+    st_.step_index = 0;
+    st_.accumulated_ratio = 1.0f;
+    st_.accumulated_steps = 0;
+    st_.accumulated_err = 0.0f;
+    st_.previous_residual = at::Tensor();
+  }
+
+  StepCache::BranchState& st_;
+  const CacheScope& scope_;
+  const StepCacheConfig& config_;
+  const std::vector<double>& ratios_;
+  int steps_;
+};
+
+// Clears the model's block cache when the evaluation ends (also by an exception).
+struct BlockCacheGuard {
+  DiTTransformer& model;
+  BlockCacheGuard(DiTTransformer& m, BlockCacheCall* call) : model(m) {
+    model.set_block_cache(call);
+  }
+  ~BlockCacheGuard() { model.set_block_cache(nullptr); }
+};
+
+}  // namespace
+
+StepCache::StepCache(const StepCacheConfig& config, int steps, c10::ScalarType dtype,
+                     StepCacheReport* report)
+    : config_(config), steps_(steps), dtype_(dtype), report_(report) {
+  XF_CHECK(report_ != nullptr, "StepCache: no report");
+  report_->method = config_.method;
+  if (config_.method == CacheMethod::kMagCache && !config_.calibrate) {
+    XF_CHECK(!config_.mag_ratios.empty(),
+             "--cache magcache needs the model's magnitude ratios (--cache_mag_ratios), or "
+             "--cache_calibrate to measure them");
+    mag_ratios_ = interpolate_mag_ratios(config_.mag_ratios, steps_);
+  }
+}
+
+StepCache::~StepCache() = default;
+
+StepCache::BranchState& StepCache::state(const std::string& model_name, const std::string& branch) {
+  auto key = std::make_pair(model_name, branch);
+  auto it = states_.find(key);
+  if (it == states_.end()) {
+    it = states_.emplace(key, std::make_unique<BranchState>()).first;
+    order_.push_back(key);
+  }
+  return *it->second;
+}
+
+void StepCache::finish() {
+  for (const auto& key : order_) {
+    BranchState& st = *states_.at(key);
+    if (st.calibration.empty()) continue;
+    report_->calibration.emplace_back(key.first + "/" + key.second, st.calibration);
+    st.calibration.clear();
+  }
+}
+
+void StepCache::record(const CacheDecision& d) {
+  report_->decisions.push_back(d);
+  (d.computed ? report_->computed : report_->skipped) += 1;
+}
+
+at::Tensor StepCache::evaluate(DiTTransformer& model, const std::string& model_name,
+                               const std::string& branch, int step, const CacheScope& scope,
+                               const std::function<at::Tensor()>& run) {
+  BranchState& st = state(model_name, branch);
+  st.calls += 1;
+  CacheDecision d;
+  d.step = step;
+  d.model = model_name;
+  d.branch = branch;
+  d.metric = kNaN;
+  d.local_metric = kNaN;
+  switch (config_.method) {
+    case CacheMethod::kNone: {
+      at::Tensor out = run();
+      record(d);
+      return out;
+    }
+    case CacheMethod::kTaylorSeer: {
+      // diffusers' TaylorSeerCacheHook: the step counter advances on every call.
+      st.current_step += 1;
+      const int s = st.current_step;
+      const int before = config_.disable_cache_before_step;
+      const bool warmup = s < before;
+      const bool interval = py_mod(s - before - 1, config_.cache_interval) == 0;
+      const bool cooldown =
+          config_.disable_cache_after_step >= 0 && s >= config_.disable_cache_after_step;
+      if (warmup || interval || cooldown) {
+        at::Tensor out = run();
+        // update(): the new factors from the output and the previous factors.
+        std::vector<at::Tensor> factors = {out};
+        if (st.last_update_step >= 0) {
+          const int delta = s - st.last_update_step;
+          for (int j = 0; j < config_.max_order; ++j) {
+            if (j >= static_cast<int>(st.factors.size()) ||
+                st.factors[static_cast<size_t>(j)].sizes() != factors.back().sizes()) {
+              break;
+            }
+            factors.push_back((factors.back() - st.factors[static_cast<size_t>(j)].to(out.scalar_type())) /
+                              delta);
+          }
+        }
+        const c10::ScalarType keep = config_.factors_dtype.value_or(dtype_);
+        st.factors.clear();
+        for (const at::Tensor& f : factors) st.factors.push_back(f.to(keep));
+        st.output_dtype = out.scalar_type();
+        st.last_update_step = s;
+        record(d);
+        return out;
+      }
+      XF_CHECK(st.last_update_step >= 0, "TaylorSeer: step ", step,
+               " would be predicted before any computed step (--cache_disable_before_step)");
+      const int offset = s - st.last_update_step;
+      at::Tensor out = at::zeros_like(st.factors[0], st.factors[0].options().dtype(st.output_dtype));
+      double factorial = 1.0;
+      for (size_t order = 0; order < st.factors.size(); ++order) {
+        if (order > 0) factorial *= static_cast<double>(order);
+        const double coeff = std::pow(static_cast<double>(offset), static_cast<double>(order)) /
+                             factorial;
+        out = out + st.factors[order].to(st.output_dtype) * coeff;
+      }
+      d.computed = false;
+      record(d);
+      return out;
+    }
+    case CacheMethod::kFirstBlock: {
+      FirstBlockCall call(st, scope,
+                          config_.threshold.value_or(default_cache_threshold(config_.method)));
+      BlockCacheGuard guard(model, &call);
+      at::Tensor out = run();
+      d.computed = call.computed;
+      d.metric = call.metric;
+      d.local_metric = call.local_metric;
+      record(d);
+      return out;
+    }
+    case CacheMethod::kMagCache: {
+      MagCacheCall call(st, scope, config_, mag_ratios_, steps_);
+      at::Tensor out;
+      {
+        BlockCacheGuard guard(model, &call);
+        out = run();
+      }
+      d.computed = call.computed;
+      d.metric = call.metric;
+      record(d);
+      if (config_.calibrate && call.finished) {
+        report_->calibration.emplace_back(model_name + "/" + branch, st.calibration);
+        st.calibration.clear();
+      }
+      return out;
+    }
+    case CacheMethod::kTeaCache:
+      XF_THROW("--cache teacache: ", model.class_name(), " has no published TeaCache coefficients");
+  }
+  XF_THROW("unknown cache method");
+}
+
+}  // namespace xfuser::models::dit
