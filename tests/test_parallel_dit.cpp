@@ -7,6 +7,8 @@
 // test_pipefusion.cpp and test_tensor_parallel.cpp.
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -16,6 +18,7 @@
 #include "backends/error.h"
 #include "models/dit/dit_parallel.h"
 #include "models/dit/dit_pipefusion.h"
+#include "models/dit/step_cache.h"
 #include "models/registry.h"
 #include "models/sd3/sd3_transformer.h"
 #include "models/xfuser_model.h"
@@ -55,7 +58,8 @@ class ParallelDiT : public ::testing::TestWithParam<std::string> {
   static std::unique_ptr<xfuser::models::XFuserModel> load(
       const std::string& id, std::shared_ptr<ProcessGroups> groups, bool parallel_vae = false,
       const xfuser::models::WeightFormat& weights = {},
-      xfuser::models::OffloadMode offload = xfuser::models::OffloadMode::kNone) {
+      xfuser::models::OffloadMode offload = xfuser::models::OffloadMode::kNone,
+      const xfuser::models::StepCacheConfig& cache = {}) {
     const auto& spec = ModelRegistry::find(id);
     auto model = spec.create(spec);
     model->set_process_groups(std::move(groups));
@@ -63,6 +67,7 @@ class ParallelDiT : public ::testing::TestWithParam<std::string> {
     options.parallel_vae = parallel_vae;
     options.transformer_weights = weights;
     options.offload = offload;
+    options.cache = cache;
     model->load(spec.embedded_dir(), options);
     return model;
   }
@@ -255,6 +260,152 @@ TEST_P(ParallelDiT, CfgParallelWithoutGuidanceIsAClearError) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Step caching under every layout that runs one generation over several ranks equals one rank
+// with the same cache: the same transformer calls skipped (in the same order) and the final
+// latents within 1e-5. tiny-sd3 batches its guidance branches (one decision for both, summed
+// over the cfg group under CFG parallelism); tiny-flux runs true CFG as two branches with their
+// own cache state. Each method's threshold is set between two of the one-rank run's metrics so
+// that it both skips and computes. Data parallelism is not here: its replicas run their own
+// prompts and share no decision.
+class ParallelStepCache : public ParallelDiT {
+ protected:
+  static std::string skips(const GenerationOutput& out) {
+    std::string s;
+    for (const auto& d : out.cache.decisions) s += d.computed ? 'C' : '.';
+    return s;
+  }
+  static GenerationRequest cached_request(const std::string& id) {
+    auto r = request(64, 64, 7, 8);
+    if (id == "tiny-flux") r.true_cfg_scale = 2.0;  // true CFG: "cond" and "uncond" branches
+    return r;
+  }
+  // A threshold between the two middle metrics of a run that computed every step.
+  static double middle_threshold(const GenerationOutput& out) {
+    std::vector<double> m;
+    for (const auto& d : out.cache.decisions) {
+      if (std::isfinite(d.metric)) m.push_back(d.metric);
+    }
+    EXPECT_GE(m.size(), 2u);
+    std::sort(m.begin(), m.end());
+    const size_t k = m.size() / 2;
+    return 0.5 * (m[k - 1] + m[k]);
+  }
+};
+
+TEST_F(ParallelStepCache, EveryLayoutEqualsOneRankWithTheSameSkips) {
+  using xfuser::models::CacheMethod;
+  using xfuser::models::StepCacheConfig;
+  const int world = world_->size();
+  const std::vector<Layout> layouts = {{1, 1, world, 1, 1, false},
+                                       {1, 1, 1, world, 1, false},
+                                       {2, 1, world / 2, 1, 1, false},
+                                       // tiny-flux has 2 heads: tensor parallel 2 (x Ulysses).
+                                       {1, 1, world / 2, 1, 2, false}};
+  for (const std::string id : {"tiny-sd3", "tiny-flux"}) {
+    const auto req = cached_request(id);
+    StepCacheConfig probe;
+    probe.method = CacheMethod::kFirstBlock;
+    probe.threshold = 0.0;
+    const double fb_threshold =
+        middle_threshold(load(id, nullptr, false, {}, {}, probe)->generate(req));
+    std::vector<StepCacheConfig> configs(3);
+    configs[0].method = CacheMethod::kFirstBlock;
+    configs[0].threshold = fb_threshold;
+    configs[1].method = CacheMethod::kMagCache;
+    configs[1].threshold = 0.25;
+    configs[1].max_skip_steps = 2;
+    configs[1].mag_ratios = xfuser::models::dit::flux_mag_ratios();
+    configs[2].method = CacheMethod::kTaylorSeer;
+    configs[2].cache_interval = 3;
+    configs[2].disable_cache_before_step = 2;
+    configs[2].max_order = 2;
+    for (const auto& cache : configs) {
+      const std::string method = xfuser::models::cache_method_name(cache.method);
+      const auto ref = load(id, nullptr, false, {}, {}, cache)->generate(req);
+      EXPECT_GT(ref.cache.skipped, 0) << id << " " << method;
+      EXPECT_LT(ref.cache.skipped, static_cast<int>(ref.cache.decisions.size()))
+          << id << " " << method;
+      for (const Layout& l : layouts) {
+        auto config = WorldConfig::from_degrees(world, 1, l.cfg, l.pp, l.ulysses, l.ring, l.tp);
+        auto groups = std::make_shared<ProcessGroups>(config, world_);
+        const auto out = load(id, groups, false, {}, {}, cache)->generate(req);
+        const std::string what = id + " " + method + " " + l.name() + " " + skips(out);
+        if (l.cfg == 2) {
+          // Each cfg rank holds one branch's decisions: the one-rank run's for that branch.
+          std::string mine;
+          const bool batched = id == "tiny-sd3";
+          for (const auto& d : ref.cache.decisions) {
+            const bool neg_here = config.coords(world_->rank()).cfg == 0;
+            if (batched || d.branch == (neg_here ? "uncond" : "cond")) {
+              mine += d.computed ? 'C' : '.';
+            }
+          }
+          EXPECT_EQ(skips(out), mine) << what;
+        } else {
+          EXPECT_EQ(skips(out), skips(ref)) << what;
+        }
+        expect_same(out, ref, what);
+      }
+    }
+  }
+}
+
+// Under sequence parallelism each rank sees only its own tokens: the first block's metric over
+// them differs from rank to rank. A threshold between two ranks' own metrics would split their
+// decisions (and deadlock the next collective) if each rank decided alone; summed over the group
+// they decide alike, and as one rank does.
+TEST_F(ParallelStepCache, RanksWhoseOwnMetricsDisagreeDecideAlike) {
+  using xfuser::models::CacheMethod;
+  using xfuser::models::StepCacheConfig;
+  const int world = world_->size();
+  const std::string id = "tiny-flux";
+  const auto req = cached_request(id);
+  auto groups = [&] {
+    return std::make_shared<ProcessGroups>(WorldConfig::from_degrees(world, 1, 1, 1, world, 1, 1),
+                                           world_);
+  };
+  StepCacheConfig cache;
+  cache.method = CacheMethod::kFirstBlock;
+  cache.threshold = 0.0;  // every step computes: the metrics of the first comparison
+  const auto probe = load(id, groups(), false, {}, {}, cache)->generate(req);
+  // The first decision with a metric (step 1, "cond"): every rank's own metric.
+  size_t first = 0;
+  while (first < probe.cache.decisions.size() &&
+         !std::isfinite(probe.cache.decisions[first].metric)) {
+    ++first;
+  }
+  ASSERT_LT(first, probe.cache.decisions.size());
+  at::Tensor own = at::full({1}, probe.cache.decisions[first].local_metric, at::kDouble);
+  const at::Tensor all = world_->all_gather(own, 0);
+  const double lo = all.min().item<double>(), hi = all.max().item<double>();
+  ASSERT_LT(lo, hi) << "the ranks' own metrics are equal: no disagreement to test";
+  cache.threshold = 0.5 * (lo + hi);
+  const bool own_skip = !(probe.cache.decisions[first].local_metric > *cache.threshold);
+  at::Tensor count = at::full({1}, own_skip ? 1.0 : 0.0, at::kDouble);
+  world_->all_reduce(count);
+  const int own_skips = static_cast<int>(count.item<double>());
+  EXPECT_GT(own_skips, 0);
+  EXPECT_LT(own_skips, world) << "some ranks alone would compute, others skip";
+  const auto ref = load(id, nullptr, false, {}, {}, cache)->generate(req);
+  const auto out = load(id, groups(), false, {}, {}, cache)->generate(req);
+  EXPECT_EQ(skips(out), skips(ref));
+  EXPECT_EQ(out.cache.decisions[first].computed, ref.cache.decisions[first].computed);
+  EXPECT_NEAR(out.cache.decisions[first].metric, ref.cache.decisions[first].metric,
+              1e-6 * std::fabs(ref.cache.decisions[first].metric));
+  expect_same(out, ref, id + " fbcache threshold between the ranks' own metrics " + skips(out));
+}
+
+TEST_F(ParallelStepCache, PipeFusionRefusesStepCaching) {
+  using xfuser::models::CacheMethod;
+  xfuser::models::StepCacheConfig cache;
+  cache.method = CacheMethod::kFirstBlock;
+  auto groups = std::make_shared<ProcessGroups>(
+      WorldConfig::from_degrees(world_->size(), 1, 1, 2, world_->size() / 2, 1, 1), world_);
+  xfuser::testing::expect_error_containing(
+      [&] { load("tiny-sd3", groups, false, {}, {}, cache); },
+      {"--cache fbcache", "--pipefusion_parallel_degree"});
 }
 
 // SD3.5-large has 38 heads, which 4 and 8 do not divide: Ulysses pads the heads (as for FLUX) and
