@@ -13,8 +13,9 @@
 //               error of the model's calibrated magnitude ratios stays within `threshold`; a
 //               skipped step reuses the last residual of all the blocks.
 //   teacache    TeaCache (its reference implementation's formula): the relative L1 change of the
-//               first block's modulated input, rescaled by the model's published polynomial and
-//               accumulated over skipped steps, decides; a skipped step reuses the last residual.
+//               first block's modulated image input, rescaled by the model's published
+//               polynomial and accumulated over skipped steps, decides; a skipped step reuses the
+//               blocks' last residual. The first and last steps always run.
 //
 // The implementation (models/dit/step_cache.h) is one mechanism for every DiT family, in the
 // generic driver; every rank of a generation takes the same decisions.
@@ -39,7 +40,7 @@ CacheMethod parse_cache_method(const std::string& name, const std::string& flag 
 struct StepCacheConfig {
   CacheMethod method = CacheMethod::kNone;
   // fbcache, magcache, teacache: the decision threshold; unset: the method's default (fbcache
-  // 0.05 and magcache 0.06 as diffusers; teacache the model's published default).
+  // 0.05 and magcache 0.06, as diffusers; teacache the model's published one).
   std::optional<double> threshold;
   // magcache: the most consecutive skipped steps (K) and the fraction of the first steps that
   // are never skipped.
@@ -50,6 +51,9 @@ struct StepCacheConfig {
   // reports the ratios of this run instead.
   std::vector<double> mag_ratios;
   bool calibrate = false;
+  // teacache: the rescaling polynomial's coefficients, highest power first (numpy.poly1d's
+  // order); empty: the model's published ones.
+  std::vector<double> teacache_coefficients;
   // taylorseer: full steps before the first prediction (disable_cache_before_step), the period
   // of the full steps after it (cache_interval), the step from which every step is full again
   // (disable_cache_after_step; -1: never) and the Taylor order.
@@ -75,10 +79,11 @@ struct CacheDecision {
   bool computed = true;
   // The quantity the method decided on (fbcache: the relative change of the first block's
   // residual over all the ranks that share the decision; magcache: the accumulated error;
-  // teacache: the accumulated rescaled change); NaN where the step was computed without a
-  // comparison (the first steps, a schedule).
+  // teacache: the accumulated rescaled change, over all the ranks); NaN where the step was computed
+  // without a comparison (the first steps, a schedule).
   double metric = 0.0;
-  // The same quantity over this rank's own tokens only (fbcache, teacache): what a rank would
+  // The same quantity over this rank's own tokens only (fbcache; teacache: the rescaled change of
+  // this step alone): what a rank would
   // have decided on alone under sequence parallelism; NaN where not measured.
   double local_metric = 0.0;
 };

@@ -1,5 +1,6 @@
 #include "runner/run_config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -164,14 +165,14 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   const char* kCache = "Step caching options (docs/caching.md)";
   app.add_option("--cache", c.cache,
                  "Skip work between denoising steps: fbcache (First-Block Cache), taylorseer, "
-                 "magcache or none")
-      ->check(CLI::IsMember({"none", "fbcache", "taylorseer", "magcache"}))
+                 "magcache, teacache or none")
       ->group(kCache)
       ->capture_default_str();
   app.add_option("--cache_threshold", c.cache_threshold,
                  "fbcache: relative change of the first block's residual below which the other "
                  "blocks are skipped (default 0.05); magcache: accumulated error allowed "
-                 "(default 0.06)")
+                 "(default 0.06); teacache: accumulated rescaled change allowed (default: the "
+                 "model's published one)")
       ->group(kCache);
   app.add_option("--cache_max_skip_steps", c.cache_max_skip_steps,
                  "magcache: most consecutive skipped steps (default 3)")
@@ -182,6 +183,11 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
   app.add_option("--cache_mag_ratios", c.cache_mag_ratios,
                  "magcache: the model's magnitude ratios, one per step of a calibration run "
                  "(comma-separated; default: the model's published ones)")
+      ->delimiter(',')
+      ->group(kCache);
+  app.add_option("--cache_teacache_coefficients", c.cache_teacache_coefficients,
+                 "teacache: the model's rescaling polynomial, highest power first "
+                 "(comma-separated; default: the model's published one)")
       ->delimiter(',')
       ->group(kCache);
   app.add_flag("--cache_calibrate", c.cache_calibrate,
@@ -282,26 +288,29 @@ namespace {
 // The step-cache flags: each parameter belongs to the method chosen, and is in range.
 void validate_cache_flags(const RunConfig& c) {
   const models::CacheMethod method = models::parse_cache_method(c.cache);
-  auto only_for = [&](bool given, const char* flag, models::CacheMethod owner,
-                      models::CacheMethod other = models::CacheMethod::kNone) {
-    XF_CHECK(!given || method == owner || (other != models::CacheMethod::kNone && method == other),
-             flag, " is a parameter of --cache ", models::cache_method_name(owner),
-             other != models::CacheMethod::kNone
-                 ? std::string(" and ") + models::cache_method_name(other)
-                 : std::string(),
-             ", not of --cache ", c.cache);
-  };
   using M = models::CacheMethod;
-  only_for(c.cache_threshold.has_value(), "--cache_threshold", M::kFirstBlock, M::kMagCache);
-  only_for(c.cache_max_skip_steps.has_value(), "--cache_max_skip_steps", M::kMagCache);
-  only_for(c.cache_retention_ratio.has_value(), "--cache_retention_ratio", M::kMagCache);
-  only_for(!c.cache_mag_ratios.empty(), "--cache_mag_ratios", M::kMagCache);
-  only_for(c.cache_calibrate, "--cache_calibrate", M::kMagCache);
-  only_for(c.cache_interval.has_value(), "--cache_interval", M::kTaylorSeer);
-  only_for(c.cache_disable_before_step.has_value(), "--cache_disable_before_step", M::kTaylorSeer);
-  only_for(c.cache_disable_after_step.has_value(), "--cache_disable_after_step", M::kTaylorSeer);
-  only_for(c.cache_max_order.has_value(), "--cache_max_order", M::kTaylorSeer);
-  only_for(!c.cache_factors_dtype.empty(), "--cache_factors_dtype", M::kTaylorSeer);
+  auto only_for = [&](bool given, const char* flag, std::vector<M> owners) {
+    if (!given || std::find(owners.begin(), owners.end(), method) != owners.end()) return;
+    std::string names;
+    for (size_t i = 0; i < owners.size(); ++i) {
+      names += (i == 0 ? "" : i + 1 == owners.size() ? " and " : ", ");
+      names += models::cache_method_name(owners[i]);
+    }
+    XF_THROW(flag, " is a parameter of --cache ", names, ", not of --cache ", c.cache);
+  };
+  only_for(c.cache_threshold.has_value(), "--cache_threshold",
+           {M::kFirstBlock, M::kMagCache, M::kTeaCache});
+  only_for(!c.cache_teacache_coefficients.empty(), "--cache_teacache_coefficients", {M::kTeaCache});
+  only_for(c.cache_max_skip_steps.has_value(), "--cache_max_skip_steps", {M::kMagCache});
+  only_for(c.cache_retention_ratio.has_value(), "--cache_retention_ratio", {M::kMagCache});
+  only_for(!c.cache_mag_ratios.empty(), "--cache_mag_ratios", {M::kMagCache});
+  only_for(c.cache_calibrate, "--cache_calibrate", {M::kMagCache});
+  only_for(c.cache_interval.has_value(), "--cache_interval", {M::kTaylorSeer});
+  only_for(c.cache_disable_before_step.has_value(), "--cache_disable_before_step",
+           {M::kTaylorSeer});
+  only_for(c.cache_disable_after_step.has_value(), "--cache_disable_after_step", {M::kTaylorSeer});
+  only_for(c.cache_max_order.has_value(), "--cache_max_order", {M::kTaylorSeer});
+  only_for(!c.cache_factors_dtype.empty(), "--cache_factors_dtype", {M::kTaylorSeer});
   if (c.cache_threshold) {
     XF_CHECK(std::isfinite(*c.cache_threshold) && *c.cache_threshold >= 0,
              "--cache_threshold must be a non-negative number (got ", *c.cache_threshold, ")");
@@ -314,6 +323,10 @@ void validate_cache_flags(const RunConfig& c) {
     XF_CHECK(std::isfinite(*c.cache_retention_ratio) && *c.cache_retention_ratio >= 0 &&
                  *c.cache_retention_ratio <= 1,
              "--cache_retention_ratio must be in [0, 1] (got ", *c.cache_retention_ratio, ")");
+  }
+  for (double x : c.cache_teacache_coefficients) {
+    XF_CHECK(std::isfinite(x), "--cache_teacache_coefficients: every coefficient must be a finite ",
+             "number (got ", x, ")");
   }
   for (double r : c.cache_mag_ratios) {
     XF_CHECK(std::isfinite(r) && r > 0, "--cache_mag_ratios: every ratio must be a positive ",

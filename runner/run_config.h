@@ -83,16 +83,17 @@ struct RunConfig {
   // Step caching (models/step_cache_config.h): --cache fbcache|taylorseer|magcache|teacache|none
   // and its parameters; a parameter of another method than the one chosen is an error.
   std::string cache = "none";
-  std::optional<double> cache_threshold;         // fbcache, magcache, teacache
-  std::optional<int> cache_max_skip_steps;       // magcache
-  std::optional<double> cache_retention_ratio;   // magcache
-  std::vector<double> cache_mag_ratios;          // magcache
-  bool cache_calibrate = false;                  // magcache
-  std::optional<int> cache_interval;             // taylorseer
-  std::optional<int> cache_disable_before_step;  // taylorseer
-  std::optional<int> cache_disable_after_step;   // taylorseer
-  std::optional<int> cache_max_order;            // taylorseer
-  std::string cache_factors_dtype;               // taylorseer: fp32, bf16, fp16
+  std::optional<double> cache_threshold;            // fbcache, magcache, teacache
+  std::vector<double> cache_teacache_coefficients;  // teacache
+  std::optional<int> cache_max_skip_steps;          // magcache
+  std::optional<double> cache_retention_ratio;      // magcache
+  std::vector<double> cache_mag_ratios;             // magcache
+  bool cache_calibrate = false;                     // magcache
+  std::optional<int> cache_interval;                // taylorseer
+  std::optional<int> cache_disable_before_step;     // taylorseer
+  std::optional<int> cache_disable_after_step;      // taylorseer
+  std::optional<int> cache_max_order;               // taylorseer
+  std::string cache_factors_dtype;                  // taylorseer: fp32, bf16, fp16
   std::string dtype;  // "", fp32, bf16, fp16 ("" = model default for the device)
   // auto (CUDA when this libtorch has it and a GPU is visible), cpu or cuda (backends/device.h).
   std::string device = "auto";

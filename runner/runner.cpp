@@ -149,7 +149,7 @@ std::string weights_name(const models::WeightFormat& w) {
 models::StepCacheConfig resolve_cache(const RunConfig& c, c10::ScalarType dtype) {
   models::StepCacheConfig out;
   out.method = models::parse_cache_method(c.cache);
-  if (out.method != models::CacheMethod::kTeaCache) out.threshold = c.cache_threshold;
+  out.threshold = c.cache_threshold;
   if (!out.threshold && (out.method == models::CacheMethod::kFirstBlock ||
                          out.method == models::CacheMethod::kMagCache)) {
     out.threshold = models::dit::default_cache_threshold(out.method);
@@ -157,6 +157,7 @@ models::StepCacheConfig resolve_cache(const RunConfig& c, c10::ScalarType dtype)
   out.max_skip_steps = c.cache_max_skip_steps.value_or(out.max_skip_steps);
   out.retention_ratio = c.cache_retention_ratio.value_or(out.retention_ratio);
   out.mag_ratios = c.cache_mag_ratios;
+  out.teacache_coefficients = c.cache_teacache_coefficients;
   out.calibrate = c.cache_calibrate;
   out.cache_interval = c.cache_interval.value_or(out.cache_interval);
   out.disable_cache_before_step =
@@ -174,8 +175,17 @@ std::string cache_description(const models::StepCacheConfig& k) {
   switch (k.method) {
     case models::CacheMethod::kNone:
       break;
+    case models::CacheMethod::kTeaCache: {
+      // Unset threshold / coefficients: the model's published ones.
+      if (k.threshold) text += " threshold=" + format_double(*k.threshold);
+      std::string coefficients;
+      for (double x : k.teacache_coefficients) {
+        coefficients += (coefficients.empty() ? "" : ",") + format_double(x);
+      }
+      if (!coefficients.empty()) text += " coefficients=" + coefficients;
+      break;
+    }
     case models::CacheMethod::kFirstBlock:
-    case models::CacheMethod::kTeaCache:
       text += " threshold=" + format_double(k.threshold.value_or(0.0));
       break;
     case models::CacheMethod::kMagCache: {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -266,9 +267,9 @@ TEST_P(ParallelDiT, CfgParallelWithoutGuidanceIsAClearError) {
 // with the same cache: the same transformer calls skipped (in the same order) and the final
 // latents within 1e-5. tiny-sd3 batches its guidance branches (one decision for both, summed
 // over the cfg group under CFG parallelism); tiny-flux runs true CFG as two branches with their
-// own cache state. Each method's threshold is set between two of the one-rank run's metrics so
-// that it both skips and computes. Data parallelism is not here: its replicas run their own
-// prompts and share no decision.
+// own cache state, and takes TeaCache too (FLUX.1's polynomial). Each threshold is set between
+// two of the one-rank run's metrics so that it both skips and computes. Data parallelism is not
+// here: its replicas run their own prompts and share no decision.
 class ParallelStepCache : public ParallelDiT {
  protected:
   static std::string skips(const GenerationOutput& out) {
@@ -321,6 +322,15 @@ TEST_F(ParallelStepCache, EveryLayoutEqualsOneRankWithTheSameSkips) {
     configs[2].cache_interval = 3;
     configs[2].disable_cache_before_step = 2;
     configs[2].max_order = 2;
+    if (id == "tiny-flux") {
+      // TeaCache (FLUX.1's published polynomial): the threshold between the middle values of a
+      // run that skips nothing.
+      StepCacheConfig tea;
+      tea.method = CacheMethod::kTeaCache;
+      tea.threshold = -std::numeric_limits<double>::infinity();
+      tea.threshold = middle_threshold(load(id, nullptr, false, {}, {}, tea)->generate(req));
+      configs.push_back(tea);
+    }
     for (const auto& cache : configs) {
       const std::string method = xfuser::models::cache_method_name(cache.method);
       const auto ref = load(id, nullptr, false, {}, {}, cache)->generate(req);
@@ -403,9 +413,8 @@ TEST_F(ParallelStepCache, PipeFusionRefusesStepCaching) {
   cache.method = CacheMethod::kFirstBlock;
   auto groups = std::make_shared<ProcessGroups>(
       WorldConfig::from_degrees(world_->size(), 1, 1, 2, world_->size() / 2, 1, 1), world_);
-  xfuser::testing::expect_error_containing(
-      [&] { load("tiny-sd3", groups, false, {}, {}, cache); },
-      {"--cache fbcache", "--pipefusion_parallel_degree"});
+  xfuser::testing::expect_error_containing([&] { load("tiny-sd3", groups, false, {}, {}, cache); },
+                                           {"--cache fbcache", "--pipefusion_parallel_degree"});
 }
 
 // SD3.5-large has 38 heads, which 4 and 8 do not divide: Ulysses pads the heads (as for FLUX) and

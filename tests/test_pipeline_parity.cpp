@@ -94,11 +94,12 @@ INSTANTIATE_TEST_SUITE_P(Pipelines, ResavedByDiffusers0421,
                          });
 
 // Step caching against diffusers 0.42.1's cache hooks (FirstBlockCacheConfig, MagCacheConfig,
-// TaylorSeerCacheConfig in lite mode) on every transformer of the pipeline: cache-v0.42.1/
-// <pipeline>/<method>/ holds a committed case run at 8 steps with the hook, every transformer
-// call's decision in order, and the final latents. The same calls must run in full or be served
-// from the cache (per guidance branch, per expert), and the final latents equal diffusers' within
-// 1e-4 relative (fp32).
+// TaylorSeerCacheConfig in lite mode; TeaCache's reference formula on MagCache's machinery, with
+// the published polynomial, for FLUX.1 and HunyuanVideo) on every transformer of the pipeline:
+// cache-v0.42.1/<pipeline>/<method>/ holds a committed case run at 8 steps with the hook, every
+// transformer call's decision in order, and the final latents. The same calls must run in full or
+// be served from the cache (per guidance branch, per expert), and the final latents equal
+// diffusers' within 1e-4 relative (fp32).
 class CacheParity : public ::testing::TestWithParam<std::string> {};
 TEST_P(CacheParity, SameSkipsAndFinalLatentsAsDiffusers) {
   namespace models = xfuser::models;
@@ -107,8 +108,11 @@ TEST_P(CacheParity, SameSkipsAndFinalLatentsAsDiffusers) {
   XF_REQUIRE_FIXTURE(root);
   const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / name;
   const auto& spec = ModelRegistry::for_pipeline_folder(folder);
+  // TeaCache's published polynomials exist for FLUX.1 and HunyuanVideo only.
+  const bool teacache = name == "flux-tiny" || name == "hunyuan-video-tiny";
   int methods = 0;
-  for (const char* method : {"fbcache", "magcache", "taylorseer"}) {
+  for (const char* method : {"fbcache", "magcache", "taylorseer", "teacache"}) {
+    if (std::string(method) == "teacache" && !teacache) continue;
     const fs::path dir = root / method;
     SCOPED_TRACE(dir.string());
     XF_REQUIRE_FIXTURE(dir);
@@ -119,8 +123,12 @@ TEST_P(CacheParity, SameSkipsAndFinalLatentsAsDiffusers) {
     if (k.contains("threshold")) options.cache.threshold = k["threshold"].get<double>();
     options.cache.max_skip_steps = k.value("max_skip_steps", 3);
     options.cache.retention_ratio = k.value("retention_ratio", 0.2);
-    if (k.contains("mag_ratios"))
+    if (k.contains("mag_ratios")) {
       options.cache.mag_ratios = k["mag_ratios"].get<std::vector<double>>();
+    }
+    if (k.contains("teacache_coefficients")) {
+      options.cache.teacache_coefficients = k["teacache_coefficients"].get<std::vector<double>>();
+    }
     options.cache.cache_interval = k.value("cache_interval", 5);
     options.cache.disable_cache_before_step = k.value("disable_cache_before_step", 3);
     options.cache.max_order = k.value("max_order", 1);
@@ -144,7 +152,7 @@ TEST_P(CacheParity, SameSkipsAndFinalLatentsAsDiffusers) {
     std::printf("%s %s: %s, final latents rel %.2e\n", name.c_str(), method, got.c_str(), rel);
     ++methods;
   }
-  EXPECT_EQ(methods, 3);
+  EXPECT_EQ(methods, teacache ? 4 : 3);
 }
 INSTANTIATE_TEST_SUITE_P(Pipelines, CacheParity,
                          ::testing::Values("flux-tiny", "wan-t2v-tiny", "wan22-t2v-tiny",

@@ -38,6 +38,12 @@ at::Tensor DiTTransformer::attend(const at::Tensor& q, const at::Tensor& k, cons
   return attention_hook_ ? attention_hook_(q, k, v, call) : local_attention(q, k, v, call);
 }
 
+at::Tensor DiTTransformer::teacache_input(const DiTActivations& a) const {
+  XF_THROW("--cache teacache: ", class_name(),
+           " has no TeaCache signal (the published TeaCache models: FLUX.1, FLUX.1-Kontext, "
+           "HunyuanVideo)");
+}
+
 void DiTTransformer::resolve_part() {
   const int64_t total = num_blocks();
   if (part_.block_end < 0) part_.block_end = total;

@@ -144,6 +144,9 @@ class DiTTransformer : public Component {
   // MagCache's published magnitude ratios of this model (one per step of the published
   // calibration run); empty: none published, --cache_mag_ratios or --cache_calibrate needed.
   virtual std::vector<double> published_mag_ratios() const { return {}; }
+  // TeaCache's signal: the first block's modulated image input [B, n, D] for activations `a`
+  // fresh from embed(); a model without one refuses (the default).
+  virtual at::Tensor teacache_input(const DiTActivations& a) const;
   // The collectives of the tensor-parallel group (unused at degree 1).
   void set_tensor_parallel_ops(TensorParallelOps ops) { tp_ops_ = std::move(ops); }
 

@@ -87,6 +87,13 @@ void DiTPipeline::load_transformer(const std::filesystem::path& dir,
              "--cache magcache: ", transformer_->class_name(), " (", dir.string(),
              ") has no published magnitude ratios; give --cache_mag_ratios, or run once with "
              "--cache_calibrate to measure them");
+    XF_CHECK(cache.method != CacheMethod::kTeaCache ||
+                 (!cache.teacache_coefficients.empty() && cache.threshold.has_value()) ||
+                 !published_teacache().coefficients.empty(),
+             "--cache teacache: ", spec().id, " (", transformer_->class_name(),
+             ") has no published TeaCache polynomial; give --cache_teacache_coefficients and "
+             "--cache_threshold (fitted for this model), or use fbcache, the same idea on the "
+             "first block's output");
   }
 }
 
@@ -128,6 +135,13 @@ void DiTPipeline::denoise(DiTState& s, int index, DiTInputs positive, const DiTI
     if (!s.step_cache) {
       StepCacheConfig config = load_options().cache;
       if (config.mag_ratios.empty()) config.mag_ratios = transformer_->published_mag_ratios();
+      if (config.method == CacheMethod::kTeaCache) {
+        const TeaCacheModel published = published_teacache();
+        if (config.teacache_coefficients.empty()) {
+          config.teacache_coefficients = published.coefficients;
+        }
+        if (!config.threshold) config.threshold = published.threshold;
+      }
       s.step_cache =
           std::make_unique<StepCache>(config, num_steps(s), transformer_->dtype(), &s.cache_report);
     }

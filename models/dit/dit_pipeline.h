@@ -79,6 +79,9 @@ class DiTPipeline : public XFuserModel {
   void denoise(DiTState& state, int index, DiTInputs positive, const DiTInputs* negative,
                double scale, bool batched_cfg, const StepFn& step);
 
+  // TeaCache's published fit for this pipeline's transformer; empty coefficients: none published
+  // (--cache teacache then needs --cache_teacache_coefficients and --cache_threshold).
+  virtual TeaCacheModel published_teacache() const { return {}; }
   // Fails naming step `index` and the likely cause when state.tokens hold a NaN or an Inf.
   void check_finite(const DiTState& state, int index) const;
   // Loads `dir` (an AutoencoderKL) into vae_ with --enable_tiling / --enable_slicing (which

@@ -71,8 +71,8 @@ double default_cache_threshold(CacheMethod method) {
     case CacheMethod::kFirstBlock:
       return 0.05;  // diffusers' FirstBlockCacheConfig
     case CacheMethod::kMagCache:
-      return 0.06;  // diffusers' MagCacheConfig
-    case CacheMethod::kTeaCache:
+      return 0.06;                // diffusers' MagCacheConfig
+    case CacheMethod::kTeaCache:  // the model's (TeaCacheModel)
     case CacheMethod::kTaylorSeer:
     case CacheMethod::kNone:
       return 0.0;
@@ -88,9 +88,37 @@ const std::vector<double>& flux_mag_ratios() {
   return ratios;
 }
 
+const TeaCacheModel& flux_teacache() {
+  // TeaCache4FLUX (FLUX.1-dev); its README: 0.25 for 1.5x, 0.4 for 1.8x, 0.6 for 2.0x.
+  static const TeaCacheModel m{
+      {4.98651651e+02, -2.83781631e+02, 5.58554382e+01, -3.82021401e+00, 2.64230861e-01}, 0.25};
+  return m;
+}
+
+const TeaCacheModel& flux_kontext_teacache() {
+  // ComfyUI-TeaCache's fit for FLUX.1-Kontext-dev (TeaCache itself publishes none); the
+  // threshold is FLUX.1's.
+  static const TeaCacheModel m{
+      {-1.04655119e+03, 3.12563399e+02, -1.69500694e+01, 4.10995971e-01, 3.74537863e-02}, 0.25};
+  return m;
+}
+
+const TeaCacheModel& hunyuan_video_teacache() {
+  // TeaCache4HunyuanVideo; its README: 0.1 for 1.6x, 0.15 for 2.1x.
+  static const TeaCacheModel m{
+      {7.33226126e+02, -4.01131952e+02, 6.75869174e+01, -3.14987800e+00, 9.61237896e-02}, 0.1};
+  return m;
+}
+
+double poly1d(const std::vector<double>& coefficients, double x) {
+  double y = 0.0;  // numpy.poly1d: highest power first (Horner)
+  for (double c : coefficients) y = y * x + c;
+  return y;
+}
+
 std::vector<double> interpolate_mag_ratios(const std::vector<double>& ratios, int steps) {
-  XF_CHECK(!ratios.empty() && steps >= 1, "MagCache ratios: ", ratios.size(), " ratios for ",
-           steps, " steps");
+  XF_CHECK(!ratios.empty() && steps >= 1, "MagCache ratios: ", ratios.size(), " ratios for ", steps,
+           " steps");
   // torch.tensor(list of floats) holds float32 values.
   std::vector<double> src;
   for (double r : ratios) src.push_back(static_cast<float>(r));
@@ -116,6 +144,11 @@ struct StepCache::BranchState {
   int accumulated_steps = 0;
   int step_index = 0;
   std::vector<double> calibration;
+  // teacache
+  int tea_count = 0;  // the reference's cnt: evaluations since the run's start, modulo steps
+  double tea_accumulated = 0.0;
+  at::Tensor tea_previous_input;
+  at::Tensor tea_residual;
   // taylorseer
   int current_step = -1;
   int last_update_step = -1;  // -1: never updated
@@ -264,6 +297,60 @@ class MagCacheCall : public BlockCacheCall {
   int steps_;
 };
 
+// teacache: the first block's modulated input decides, through the model's polynomial; a skipped
+// step reuses the blocks' residual (TeaCache4FLUX's teacache_forward, per guidance branch).
+class TeaCacheCall : public BlockCacheCall {
+ public:
+  TeaCacheCall(StepCache::BranchState& st, const CacheScope& scope, const TeaCacheModel& model,
+               int steps)
+      : st_(st), scope_(scope), model_(model), steps_(steps) {}
+
+  void run_blocks(const DiTTransformer& model, DiTActivations& a) override {
+    at::Tensor before = image_stream(model, a);
+    at::Tensor signal = model.teacache_input(a);  // [B, n, D]
+    if (st_.tea_count == 0 || st_.tea_count == steps_ - 1) {
+      st_.tea_accumulated = 0.0;
+    } else {
+      // (signal - prev).abs().mean() / prev.abs().mean(), over the real rows of every rank.
+      at::Tensor prev = valid_rows(st_.tea_previous_input, valid_image_rows);
+      at::Tensor diff =
+          (valid_rows(signal, valid_image_rows) - prev).abs().sum(c10::ScalarType::Double);
+      at::Tensor base = prev.abs().sum(c10::ScalarType::Double);
+      at::Tensor local = summed(at::stack({diff, base}), {});
+      local_metric = poly1d(model_.coefficients, local[0].item<double>() / local[1].item<double>());
+      at::Tensor all = summed(at::stack({diff, base}), scope_);
+      st_.tea_accumulated +=
+          poly1d(model_.coefficients, all[0].item<double>() / all[1].item<double>());
+      metric = st_.tea_accumulated;
+      if (st_.tea_accumulated < model_.threshold) {
+        computed = false;
+      } else {
+        st_.tea_accumulated = 0.0;
+      }
+    }
+    st_.tea_previous_input = signal;
+    st_.tea_count += 1;
+    if (st_.tea_count == steps_) st_.tea_count = 0;
+    if (!computed) {
+      a.hidden = before + st_.tea_residual;
+      a.joined = false;
+      return;
+    }
+    model.run_blocks(a, 0, model.num_blocks());
+    st_.tea_residual = image_stream(model, a) - before;
+  }
+
+  bool computed = true;
+  double metric = kNaN;
+  double local_metric = kNaN;
+
+ private:
+  StepCache::BranchState& st_;
+  const CacheScope& scope_;
+  const TeaCacheModel& model_;
+  int steps_;
+};
+
 // Clears the model's block cache when the evaluation ends (also by an exception).
 struct BlockCacheGuard {
   DiTTransformer& model;
@@ -285,6 +372,12 @@ StepCache::StepCache(const StepCacheConfig& config, int steps, c10::ScalarType d
              "--cache magcache needs the model's magnitude ratios (--cache_mag_ratios), or "
              "--cache_calibrate to measure them");
     mag_ratios_ = interpolate_mag_ratios(config_.mag_ratios, steps_);
+  }
+  if (config_.method == CacheMethod::kTeaCache) {
+    XF_CHECK(!config_.teacache_coefficients.empty() && config_.threshold.has_value(),
+             "--cache teacache needs the model's polynomial (--cache_teacache_coefficients) and a "
+             "threshold (--cache_threshold)");
+    teacache_ = {config_.teacache_coefficients, *config_.threshold};
   }
 }
 
@@ -351,8 +444,9 @@ at::Tensor StepCache::evaluate(DiTTransformer& model, const std::string& model_n
                 st.factors[static_cast<size_t>(j)].sizes() != factors.back().sizes()) {
               break;
             }
-            factors.push_back((factors.back() - st.factors[static_cast<size_t>(j)].to(out.scalar_type())) /
-                              delta);
+            factors.push_back(
+                (factors.back() - st.factors[static_cast<size_t>(j)].to(out.scalar_type())) /
+                delta);
           }
         }
         const c10::ScalarType keep = config_.factors_dtype.value_or(dtype_);
@@ -366,12 +460,13 @@ at::Tensor StepCache::evaluate(DiTTransformer& model, const std::string& model_n
       XF_CHECK(st.last_update_step >= 0, "TaylorSeer: step ", step,
                " would be predicted before any computed step (--cache_disable_before_step)");
       const int offset = s - st.last_update_step;
-      at::Tensor out = at::zeros_like(st.factors[0], st.factors[0].options().dtype(st.output_dtype));
+      at::Tensor out =
+          at::zeros_like(st.factors[0], st.factors[0].options().dtype(st.output_dtype));
       double factorial = 1.0;
       for (size_t order = 0; order < st.factors.size(); ++order) {
         if (order > 0) factorial *= static_cast<double>(order);
-        const double coeff = std::pow(static_cast<double>(offset), static_cast<double>(order)) /
-                             factorial;
+        const double coeff =
+            std::pow(static_cast<double>(offset), static_cast<double>(order)) / factorial;
         out = out + st.factors[order].to(st.output_dtype) * coeff;
       }
       d.computed = false;
@@ -405,8 +500,19 @@ at::Tensor StepCache::evaluate(DiTTransformer& model, const std::string& model_n
       }
       return out;
     }
-    case CacheMethod::kTeaCache:
-      XF_THROW("--cache teacache: ", model.class_name(), " has no published TeaCache coefficients");
+    case CacheMethod::kTeaCache: {
+      TeaCacheCall call(st, scope, teacache_, steps_);
+      at::Tensor out;
+      {
+        BlockCacheGuard guard(model, &call);
+        out = run();
+      }
+      d.computed = call.computed;
+      d.metric = call.metric;
+      d.local_metric = call.local_metric;
+      record(d);
+      return out;
+    }
   }
   XF_THROW("unknown cache method");
 }

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -53,6 +54,18 @@ class BlockCacheCall {
 
 // The image stream of `a` [B, n, D] (the image rows of a joined sequence).
 at::Tensor image_stream(const DiTTransformer& model, const DiTActivations& a);
+
+// TeaCache's published fit of a model: the polynomial (highest power first) and the default
+// threshold.
+struct TeaCacheModel {
+  std::vector<double> coefficients;
+  double threshold = 0.0;
+};
+const TeaCacheModel& flux_teacache();           // TeaCache4FLUX (FLUX.1-dev)
+const TeaCacheModel& flux_kontext_teacache();   // ComfyUI-TeaCache's FLUX.1-Kontext-dev fit
+const TeaCacheModel& hunyuan_video_teacache();  // TeaCache4HunyuanVideo
+// numpy.poly1d(coefficients)(x).
+double poly1d(const std::vector<double>& coefficients, double x);
 
 class StepCache {
  public:
@@ -87,6 +100,7 @@ class StepCache {
   c10::ScalarType dtype_;
   StepCacheReport* report_;
   std::vector<double> mag_ratios_;  // magcache: interpolated to steps_
+  TeaCacheModel teacache_;          // teacache: the coefficients and threshold in force
   std::map<std::pair<std::string, std::string>, std::unique_ptr<BranchState>> states_;
   std::vector<std::pair<std::string, std::string>> order_;  // states in first-use order
 };

@@ -71,6 +71,10 @@ class FluxModel : public dit::DiTPipeline {
   int num_steps(const State& state) const override;
   void denoise_step(State& state, int index) override;
   void decode(State& state) override;
+  // TeaCache4FLUX's fit, or for Kontext ComfyUI-TeaCache's.
+  dit::TeaCacheModel published_teacache() const override {
+    return kontext_ ? dit::flux_kontext_teacache() : dit::flux_teacache();
+  }
 
  private:
   struct FluxState;

@@ -121,6 +121,12 @@ class FluxTransformerBlock : public Module {
                                           dim, dim, 4.0, FeedForwardKind::kGeluApproximate, tp));
   }
 
+  // norm1's modulated image input x [B, N, D] (TeaCache's signal).
+  at::Tensor modulated_input(const at::Tensor& x, const at::Tensor& temb,
+                             const TensorParallelOps& ops) const {
+    return norm1_->forward(x, temb, ops).x;
+  }
+
   // x [B, N, D], c [B, L, D], temb [B, D], rope [L + N, hd]; updates x and c.
   void forward(at::Tensor& x, at::Tensor& c, const at::Tensor& temb, const RotaryTables& rope,
                const AttendFn& attend, int64_t layer, const TensorParallelOps& ops) const {
@@ -508,6 +514,12 @@ std::shared_ptr<dit::DiTTransformer> make_flux_dit(const nlohmann::json& config,
 
 std::vector<double> FluxTransformer2DModel::published_mag_ratios() const {
   return dit::flux_mag_ratios();
+}
+
+at::Tensor FluxTransformer2DModel::teacache_input(const dit::DiTActivations& a) const {
+  XF_CHECK(!blocks_.empty() && blocks_[0] && !a.joined, class_name(),
+           ": TeaCache reads the first double block's norm1, which this model (part) lacks");
+  return blocks_[0]->modulated_input(a.hidden, a.temb, tp_ops());
 }
 
 }  // namespace xfuser::models::flux

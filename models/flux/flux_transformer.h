@@ -73,6 +73,8 @@ class FluxTransformer2DModel : public dit::DiTTransformer {
   }
   // diffusers' FLUX_MAG_RATIOS (FLUX.1-dev, 28 steps).
   std::vector<double> published_mag_ratios() const override;
+  // transformer_blocks.0.norm1's modulated image input (TeaCache4FLUX's signal).
+  at::Tensor teacache_input(const dit::DiTActivations& a) const override;
 
   // The DiT interface (models/dit/dit.h). Attention layer indices: double block i -> i, single
   // block j -> num_layers + j.

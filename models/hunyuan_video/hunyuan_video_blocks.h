@@ -285,6 +285,12 @@ class HunyuanVideoTransformerBlock : public Module {
                                 dim, dim, c.mlp_ratio, FeedForwardKind::kGeluApproximate, tp));
   }
 
+  // norm1's modulated image input x [B, n, D] (TeaCache's signal).
+  at::Tensor modulated_input(const at::Tensor& x, const at::Tensor& temb,
+                             const TensorParallelOps& ops) const {
+    return norm1_->forward(x, temb, ops).x;
+  }
+
   // x [B, n, D], c [B, L, D], temb [B|1, D], rope [n, hd], mask [B, n + L] and text_keys
   // [B, L] (its text part) or both undefined.
   void forward(at::Tensor& x, at::Tensor& c, const at::Tensor& temb, const RotaryTables& rope,

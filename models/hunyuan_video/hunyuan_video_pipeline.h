@@ -77,6 +77,8 @@ class HunyuanVideoModel : public dit::DiTPipeline {
   int num_steps(const State& state) const override;
   void denoise_step(State& state, int index) override;
   void decode(State& state) override;
+  // TeaCache4HunyuanVideo's fit.
+  dit::TeaCacheModel published_teacache() const override { return dit::hunyuan_video_teacache(); }
 
  private:
   struct HunyuanState;

@@ -449,4 +449,10 @@ std::shared_ptr<dit::DiTTransformer> make_hunyuan_video_transformer(const nlohma
       HunyuanVideoConfig::from_json(config, config_path), part, tp);
 }
 
+at::Tensor HunyuanVideoTransformer3DModel::teacache_input(const dit::DiTActivations& a) const {
+  XF_CHECK(!blocks_.empty() && blocks_[0] && !a.joined, class_name(),
+           ": TeaCache reads the first double block's norm1, which this model (part) lacks");
+  return blocks_[0]->modulated_input(a.hidden, a.temb, tp_ops());
+}
+
 }  // namespace xfuser::models::hunyuan_video

@@ -101,6 +101,8 @@ class HunyuanVideoTransformer3DModel : public dit::DiTTransformer {
   std::vector<std::string> block_list_prefixes() const override {
     return {"transformer_blocks.", "single_transformer_blocks."};
   }
+  // transformer_blocks.0.norm1's modulated image input (TeaCache4HunyuanVideo's signal).
+  at::Tensor teacache_input(const dit::DiTActivations& a) const override;
 
   void check_inputs(const dit::DiTInputs& in) const override;
   // call("forward")'s named tensors as token inputs (patchified, with token ids), checked.
