@@ -152,7 +152,8 @@ int main(int argc, char** argv) {
     const fs::path folder = xfuser::models::flux::tiny_shapes_dir();
     const fs::path heldout = args.get("heldout", "examples/tiny_shapes/heldout.json");
     std::ifstream in(heldout);
-    XF_CHECK(in.good(), heldout.string(), " not found (run from the source folder, or give "
+    XF_CHECK(in.good(), heldout.string(),
+             " not found (run from the source folder, or give "
              "--heldout)");
     const json held = json::parse(in);
     json results = json::array();

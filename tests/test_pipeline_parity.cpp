@@ -5,7 +5,9 @@
 // --latents` feeds); the final latents equal diffusers' output_type="latent" result within 1e-4
 // relative (fp32) and the decoded image diffusers' output_type="np" within 1/255.
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <map>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -99,7 +101,8 @@ INSTANTIATE_TEST_SUITE_P(Pipelines, ResavedByDiffusers0421,
 // cache-v0.42.1/<pipeline>/<method>/ holds a committed case run at 8 steps with the hook, every
 // transformer call's decision in order, and the final latents. The same calls must run in full or
 // be served from the cache (per guidance branch, per expert), and the final latents equal
-// diffusers' within 1e-4 relative (fp32).
+// diffusers' within 1e-4 relative (fp32). MagCache's calibration run gives each call's magnitude
+// ratio as diffusers' does.
 class CacheParity : public ::testing::TestWithParam<std::string> {};
 TEST_P(CacheParity, SameSkipsAndFinalLatentsAsDiffusers) {
   namespace models = xfuser::models;
@@ -111,7 +114,8 @@ TEST_P(CacheParity, SameSkipsAndFinalLatentsAsDiffusers) {
   // TeaCache's published polynomials exist for FLUX.1 and HunyuanVideo only.
   const bool teacache = name == "flux-tiny" || name == "hunyuan-video-tiny";
   int methods = 0;
-  for (const char* method : {"fbcache", "magcache", "taylorseer", "teacache"}) {
+  for (const char* method :
+       {"fbcache", "magcache", "taylorseer", "teacache", "magcache_calibrate"}) {
     if (std::string(method) == "teacache" && !teacache) continue;
     const fs::path dir = root / method;
     SCOPED_TRACE(dir.string());
@@ -132,6 +136,7 @@ TEST_P(CacheParity, SameSkipsAndFinalLatentsAsDiffusers) {
     options.cache.cache_interval = k.value("cache_interval", 5);
     options.cache.disable_cache_before_step = k.value("disable_cache_before_step", 3);
     options.cache.max_order = k.value("max_order", 1);
+    options.cache.calibrate = k.value("calibrate", false);
     if (k.contains("factors_dtype")) options.cache.factors_dtype = at::kFloat;
     auto model = spec.create(spec);
     model->load(folder, options);
@@ -149,10 +154,28 @@ TEST_P(CacheParity, SameSkipsAndFinalLatentsAsDiffusers) {
     ASSERT_EQ(out.latents.sizes(), final_latents.sizes());
     const double rel = xfuser::testing::max_rel_error(out.latents, final_latents);
     EXPECT_LE(rel, 1e-4) << "final latents vs diffusers";
+    if (options.cache.calibrate) {
+      // Each call's magnitude ratio, in call order, from the per-branch lists of the report.
+      std::map<std::string, std::vector<double>> lists(out.cache.calibration.begin(),
+                                                       out.cache.calibration.end());
+      std::map<std::string, size_t> next;
+      double worst = 0.0;
+      ASSERT_EQ(out.cache.decisions.size(), c["decisions"].size());
+      for (size_t i = 0; i < out.cache.decisions.size(); ++i) {
+        const auto& d = out.cache.decisions[i];
+        const std::string key = d.model + "/" + d.branch;
+        ASSERT_LT(next[key], lists[key].size()) << key;
+        const double mine = lists[key][next[key]++];
+        const double theirs = c["decisions"][i]["calibration_ratio"].get<double>();
+        worst = std::max(worst, std::fabs(mine - theirs) / std::fabs(theirs));
+      }
+      EXPECT_LE(worst, 1e-4) << "magnitude ratios vs diffusers' calibration";
+      std::printf("%s %s: ratios rel %.2e\n", name.c_str(), method, worst);
+    }
     std::printf("%s %s: %s, final latents rel %.2e\n", name.c_str(), method, got.c_str(), rel);
     ++methods;
   }
-  EXPECT_EQ(methods, teacache ? 4 : 3);
+  EXPECT_EQ(methods, teacache ? 5 : 4);
 }
 INSTANTIATE_TEST_SUITE_P(Pipelines, CacheParity,
                          ::testing::Values("flux-tiny", "wan-t2v-tiny", "wan22-t2v-tiny",

@@ -19,6 +19,7 @@
 #include "models/flux/tiny_flux.h"
 #include "models/registry.h"
 #include "models/xfuser_model.h"
+#include "runner/runner.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -94,20 +95,22 @@ TEST(TinyShapes, DrawsHeldOutCaptions) {
 }
 
 // FP8 GEMMs (the blocks' Linear weights in float8_e4m3fn with per-channel scales, activations
-// quantized per token) against bf16, their compute dtype, on all 300 held-out scenes: the pass
-// rate within 2 points. docs/fp8.md quotes the numbers.
-TEST(TinyShapes, Fp8GemmsDrawWithinTwoPointsOfBf16) {
+// quantized per token) against their compute dtype, on all 300 held-out scenes: the pass rate
+// within 2 points. The compute dtype is the CPU's default, xfuser-run's: bf16 where the CPU has
+// AVX512-BF16, else fp32 (emulated bf16 takes libtorch 1.13 over ten times as long there, past
+// the test's time limit). docs/fp8.md quotes the bf16 numbers.
+TEST(TinyShapes, Fp8GemmsDrawWithinTwoPointsOfTheirComputeDtype) {
   const json held = held_out();
   const int count = static_cast<int>(held["scenes"].size());
-  xfuser::models::ModelLoadOptions bf16;
-  bf16.dtype = at::kBFloat16;
-  auto fp8 = bf16;
+  xfuser::models::ModelLoadOptions plain;
+  plain.dtype = xfuser::runner::default_cpu_dtype();
+  auto fp8 = plain;
   fp8.transformer_weights.kind = xfuser::models::WeightFormat::Kind::kFp8Scaled;
   const auto dir = xfuser::models::flux::tiny_shapes_dir();
-  const double base = pass_rate(dir, held, count, bf16);
+  const double base = pass_rate(dir, held, count, plain);
   const double rate = pass_rate(dir, held, count, fp8);
-  std::printf("tiny-shapes held-out scenes: bf16 %.1f%%, FP8 GEMMs %.1f%% of %d\n", 100 * base,
-              100 * rate, count);
+  std::printf("tiny-shapes held-out scenes: %s %.1f%%, FP8 GEMMs %.1f%% of %d\n",
+              c10::toString(plain.dtype), 100 * base, 100 * rate, count);
   EXPECT_GE(rate, base - 0.02);
 }
 

@@ -266,8 +266,8 @@ class MagCacheCall : public BlockCacheCall {
       st_.calibration.push_back(1.0);
       return;
     }
-    at::Tensor cur = at::linalg_norm(residual.to(at::kFloat), c10::nullopt, {-1});
-    at::Tensor prev = at::linalg_norm(st_.previous_residual.to(at::kFloat), c10::nullopt, {-1});
+    at::Tensor cur = at::norm(residual.to(at::kFloat), 2, {-1});  // [B, n]
+    at::Tensor prev = at::norm(st_.previous_residual.to(at::kFloat), 2, {-1});
     at::Tensor ratio = cur / (prev + 1e-8);  // [B, n]
     ratio = valid_image_rows < 0 || valid_image_rows >= ratio.size(1)
                 ? ratio
