@@ -97,16 +97,8 @@ Run generate(const fs::path& folder, const json& held, const json& scenes, int s
   const int count = static_cast<int>(scenes.size());
   const int batch = 8;
   for (int start = 0; start < count; start += batch) {
-    GenerationRequest r;
-    for (int i = start; i < std::min(count, start + batch); ++i) {
-      r.prompts.push_back(scenes[i]["caption"]);
-      r.seeds.push_back(i);
-    }
-    r.height = held["size"];
-    r.width = held["size"];
-    r.num_inference_steps = steps;
-    r.guidance_scale = 3.5;
-    r.max_sequence_length = 32;
+    const GenerationRequest r = xfuser::examples::tiny_shapes::scene_request(
+        scenes, start, std::min(count, start + batch), held, steps);
     const auto out = model->generate(r);
     for (const auto& t : out.timings) {
       if (t.name == "denoise_step") run.denoise_seconds += t.seconds;
@@ -160,11 +152,7 @@ int main(int argc, char** argv) {
     for (auto [steps, count] : {std::pair{16, static_cast<int>(args.get_int("scenes16", 300))},
                                 {50, static_cast<int>(args.get_int("scenes50", 100))}}) {
       if (count <= 0) continue;
-      const auto& all = held["scenes"];
-      json scenes = json::array();
-      for (int i = 0; i < count; ++i) {
-        scenes.push_back(all[static_cast<size_t>(i) * all.size() / static_cast<size_t>(count)]);
-      }
+      const json scenes = xfuser::examples::tiny_shapes::spread_scenes(held, count);
       const Run base = generate(folder, held, scenes, steps, dtype, {});
       std::printf("%d steps, %d scenes: uncached %.1f%% pass, denoise %.2f s\n", steps, count,
                   100.0 * base.passed / count, base.denoise_seconds);

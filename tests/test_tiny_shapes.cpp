@@ -44,24 +44,12 @@ double pass_rate(const fs::path& folder, const json& held, int count,
   const auto& spec = ModelRegistry::for_pipeline_folder(folder);
   auto model = spec.create(spec);
   model->load(folder, options);
-  const auto& all = held["scenes"];
-  json scenes = json::array();
-  for (int i = 0; i < count; ++i) {
-    scenes.push_back(all[static_cast<size_t>(i) * all.size() / static_cast<size_t>(count)]);
-  }
+  const json scenes = xfuser::examples::tiny_shapes::spread_scenes(held, count);
   int passed = 0;
   const int batch = 8;
   for (int start = 0; start < count; start += batch) {
-    GenerationRequest r;
-    for (int i = start; i < std::min(count, start + batch); ++i) {
-      r.prompts.push_back(scenes[i]["caption"]);
-      r.seeds.push_back(i);
-    }
-    r.height = held["size"];
-    r.width = held["size"];
-    r.num_inference_steps = held["num_inference_steps"];
-    r.guidance_scale = 3.5;
-    r.max_sequence_length = 32;
+    const GenerationRequest r = xfuser::examples::tiny_shapes::scene_request(
+        scenes, start, std::min(count, start + batch), held, held["num_inference_steps"]);
     const auto out = model->generate(r);
     for (size_t b = 0; b < r.prompts.size(); ++b) {
       const auto& scene = scenes[start + static_cast<int>(b)];

@@ -11,6 +11,8 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "models/xfuser_model.h"
+
 namespace xfuser::examples::tiny_shapes {
 
 using nlohmann::json;
@@ -107,6 +109,33 @@ inline Verdict check_picture(const at::Tensor& picture, const json& scene, const
     }
   }
   return v;
+}
+
+// `count` held-out scenes spread evenly over held["scenes"] (which is sorted by background).
+inline json spread_scenes(const json& held, int count) {
+  const auto& all = held["scenes"];
+  json scenes = json::array();
+  for (int i = 0; i < count; ++i) {
+    scenes.push_back(all[static_cast<size_t>(i) * all.size() / static_cast<size_t>(count)]);
+  }
+  return scenes;
+}
+
+// The request of scenes [start, end): their captions, seed i for scene i, the held-out size,
+// `steps` steps, guidance 3.5 and 32 text tokens (as examples/tiny_shapes/score.py).
+inline models::GenerationRequest scene_request(const json& scenes, int start, int end,
+                                               const json& held, int steps) {
+  models::GenerationRequest r;
+  for (int i = start; i < end; ++i) {
+    r.prompts.push_back(scenes[i]["caption"]);
+    r.seeds.push_back(i);
+  }
+  r.height = held["size"];
+  r.width = held["size"];
+  r.num_inference_steps = steps;
+  r.guidance_scale = 3.5;
+  r.max_sequence_length = 32;
+  return r;
 }
 
 }  // namespace xfuser::examples::tiny_shapes

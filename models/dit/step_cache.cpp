@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
+#include <utility>
 
 #include <ATen/ATen.h>
 
@@ -54,6 +56,21 @@ at::Tensor summed(const at::Tensor& values, const CacheScope& scope) {
   at::Tensor t = values.to(at::kCPU, at::kDouble).contiguous();
   if (scope.sum) scope.sum(t);
   return t;
+}
+
+// sum|x - prev| / sum|prev| over the first `rows` rows (diffusers' and TeaCache's
+// (x - prev).abs().mean() / prev.abs().mean()): {over this rank's rows alone, over the rows of
+// every rank of the decision}. One copy of two float64 sums to the host.
+std::pair<double, double> relative_change(const at::Tensor& x, const at::Tensor& prev, int64_t rows,
+                                          const CacheScope& scope) {
+  const at::Tensor p = valid_rows(prev, rows);
+  at::Tensor sums = at::stack({(valid_rows(x, rows) - p).abs().sum(c10::ScalarType::Double),
+                               p.abs().sum(c10::ScalarType::Double)})
+                        .to(at::kCPU)
+                        .contiguous();
+  const double local = sums[0].item<double>() / sums[1].item<double>();
+  if (scope.sum) scope.sum(sums);
+  return {local, sums[0].item<double>() / sums[1].item<double>()};
 }
 
 }  // namespace
@@ -173,16 +190,8 @@ class FirstBlockCall : public BlockCacheCall {
     at::Tensor head = image_stream(model, a);
     at::Tensor residual = head - before;
     if (st_.head_residual.defined()) {
-      // diffusers: (residual - prev).abs().mean() / prev.abs().mean(), over every element: the
-      // sums over the real rows of every rank of the decision.
-      at::Tensor prev = valid_rows(st_.head_residual, valid_image_rows);
-      at::Tensor diff =
-          (valid_rows(residual, valid_image_rows) - prev).abs().sum(c10::ScalarType::Double);
-      at::Tensor base = prev.abs().sum(c10::ScalarType::Double);
-      at::Tensor local = summed(at::stack({diff, base}), {});
-      local_metric = local[0].item<double>() / local[1].item<double>();
-      at::Tensor all = summed(at::stack({diff, base}), scope_);
-      metric = all[0].item<double>() / all[1].item<double>();
+      std::tie(local_metric, metric) =
+          relative_change(residual, st_.head_residual, valid_image_rows, scope_);
       computed = metric > threshold_;
     }
     if (!computed) {
@@ -272,10 +281,10 @@ class MagCacheCall : public BlockCacheCall {
     ratio = valid_image_rows < 0 || valid_image_rows >= ratio.size(1)
                 ? ratio
                 : ratio.narrow(1, 0, valid_image_rows);
-    at::Tensor sums =
-        summed(at::stack({ratio.sum(c10::ScalarType::Double),
-                          at::scalar_tensor(static_cast<double>(ratio.numel()), at::kDouble)}),
-               scope_);
+    at::Tensor sums = summed(at::stack({ratio.sum(c10::ScalarType::Double),
+                                        at::full({}, static_cast<double>(ratio.numel()),
+                                                 ratio.options().dtype(at::kDouble))}),
+                             scope_);
     st_.calibration.push_back(sums[0].item<double>() / sums[1].item<double>());
   }
 
@@ -311,16 +320,10 @@ class TeaCacheCall : public BlockCacheCall {
     if (st_.tea_count == 0 || st_.tea_count == steps_ - 1) {
       st_.tea_accumulated = 0.0;
     } else {
-      // (signal - prev).abs().mean() / prev.abs().mean(), over the real rows of every rank.
-      at::Tensor prev = valid_rows(st_.tea_previous_input, valid_image_rows);
-      at::Tensor diff =
-          (valid_rows(signal, valid_image_rows) - prev).abs().sum(c10::ScalarType::Double);
-      at::Tensor base = prev.abs().sum(c10::ScalarType::Double);
-      at::Tensor local = summed(at::stack({diff, base}), {});
-      local_metric = poly1d(model_.coefficients, local[0].item<double>() / local[1].item<double>());
-      at::Tensor all = summed(at::stack({diff, base}), scope_);
-      st_.tea_accumulated +=
-          poly1d(model_.coefficients, all[0].item<double>() / all[1].item<double>());
+      const auto [local, all] =
+          relative_change(signal, st_.tea_previous_input, valid_image_rows, scope_);
+      local_metric = poly1d(model_.coefficients, local);
+      st_.tea_accumulated += poly1d(model_.coefficients, all);
       metric = st_.tea_accumulated;
       if (st_.tea_accumulated < model_.threshold) {
         computed = false;
