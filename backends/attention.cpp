@@ -189,8 +189,9 @@ AttentionOutput blocked_attention(const at::Tensor& q, const at::Tensor& k, cons
 }
 
 // The kernels that ran, counted per call (attention_kernel_calls()).
-enum class Ran { blocked, chunked, flash, efficient, cudnn };
-constexpr const char* kRanNames[] = {"blocked", "chunked", "flash", "efficient", "cudnn"};
+enum class Ran { blocked, chunked, flash, efficient, cudnn, cpu_flash };
+constexpr const char* kRanNames[] = {"blocked",   "chunked", "flash",
+                                     "efficient", "cudnn",   "cpu_flash"};
 constexpr size_t kRanCount = sizeof(kRanNames) / sizeof(kRanNames[0]);
 std::atomic<int64_t> g_calls[kRanCount];
 
@@ -207,6 +208,26 @@ std::atomic<int> g_default_kernel{-1};
 #endif
 #if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 6)
 #define XFUSER_CUDNN_ATTENTION 1
+#endif
+#if XFUSER_TORCH_MAJOR > 2 || (XFUSER_TORCH_MAJOR == 2 && XFUSER_TORCH_MINOR >= 3)
+#define XFUSER_CPU_FLASH_ATTENTION 1
+#endif
+
+#ifdef XFUSER_CPU_FLASH_ATTENTION
+// PyTorch's fused CPU kernel, what scaled_dot_product_attention runs on CPU tensors without a
+// mask (so xfuser and diffusers run the same attention on the same libtorch): Q K^T, an online
+// softmax and P V per block of queries and keys, parallel over batch x heads x query blocks, with
+// the log-sum-exp. It reads [B, H, S, D] views of the [B, S, H, D] inputs in place, and its
+// output is laid out [B, Sq, H, Dv] under the [B, H, Sq, Dv] view, so no copy either way.
+AttentionOutput cpu_flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    double scale) {
+  auto heads = [](const at::Tensor& x) {  // the kernel reads rows of D contiguous elements
+    return (x.stride(3) == 1 ? x : x.contiguous()).transpose(1, 2);
+  };
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+      heads(q), heads(k), heads(v), 0.0, false, std::nullopt, scale);
+  return {out.transpose(1, 2), lse.to(at::kFloat)};
+}
 #endif
 
 #ifdef XFUSER_FUSED_ATTENTION
@@ -482,6 +503,14 @@ std::map<std::string, int64_t> attention_kernel_calls() {
   return calls;
 }
 
+const char* cpu_attention_kernel_name() {
+#ifdef XFUSER_CPU_FLASH_ATTENTION
+  return kRanNames[static_cast<size_t>(Ran::cpu_flash)];
+#else
+  return kRanNames[static_cast<size_t>(Ran::blocked)];
+#endif
+}
+
 void reset_attention_kernel_calls() {
   for (auto& n : g_calls) n.store(0, std::memory_order_relaxed);
 }
@@ -524,6 +553,9 @@ AttentionOutput attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   }
   if (!mask.defined() && !bias.defined() && q.device().is_cpu() && sq > 0 && sk > 0 &&
       q.scalar_type() != at::kHalf) {
+#ifdef XFUSER_CPU_FLASH_ATTENTION
+    if (q.size(3) == v.size(3)) return counted(Ran::cpu_flash, cpu_flash_attention(q, k, v, scale));
+#endif
     return counted(Ran::blocked, blocked_attention(q, k, v, scale, opts.query_chunk_size));
   }
   return counted(Ran::chunked,

@@ -8,10 +8,13 @@
 //   lse  [B, H, Sq]         float32; -inf for a query whose keys are all masked (its out is 0)
 // Any strides are accepted ([B, S, H, D] views of [B, S, H*D] projections need no copy).
 //
-// CPU without a mask or bias (float32, bf16): one (batch, head) at a time in query blocks whose
-// scores fit in cache; Q K^T, the softmax and its statistics in float32, P V in the input dtype
-// with float32 accumulation. CPU with a mask or bias, or fp16: query chunks over all heads with
-// every product in float32 (memory O(chunk * Sk) per batch and head).
+// CPU without a mask or bias (float32, bf16), libtorch >= 2.3: PyTorch's fused CPU kernel, the
+// one its scaled_dot_product_attention runs there (at::_scaled_dot_product_flash_attention_for_cpu:
+// blocks of queries and keys with an online softmax, parallel over batch x heads x query blocks),
+// counted as "cpu_flash". On older libtorch ("blocked"): one (batch, head) at a time in query
+// blocks whose scores fit in cache; Q K^T, the softmax and its statistics in float32, P V in the
+// input dtype with float32 accumulation. CPU with a mask or bias, or fp16: query chunks over all
+// heads with every product in float32 (memory O(chunk * Sk) per batch and head).
 //
 // CUDA on libtorch >= 2.1: a fused kernel that returns the log-sum-exp, reading Q, K, V in place
 // (no copy unless the head dim is strided), the mask and bias folded into one additive bias:
@@ -66,9 +69,12 @@ AttentionKernel resolve_attention_kernel(const std::string& flag, const c10::Dev
 AttentionKernel default_attention_kernel();
 void set_default_attention_kernel(AttentionKernel kernel);
 
-// Calls per kernel that ran in this process ("blocked", "chunked", "flash", "efficient",
-// "cudnn"), for run reports and benchmarks: which kernel a GPU really ran.
+// Calls per kernel that ran in this process ("cpu_flash", "blocked", "chunked", "flash",
+// "efficient", "cudnn"), for run reports and benchmarks: which kernel a GPU really ran.
 std::map<std::string, int64_t> attention_kernel_calls();
+// The name an unmasked float32 / bf16 CPU call is counted under with this libtorch:
+// "cpu_flash" (>= 2.3) or "blocked".
+const char* cpu_attention_kernel_name();
 void reset_attention_kernel_calls();
 
 struct AttentionOptions {

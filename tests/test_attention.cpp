@@ -435,7 +435,8 @@ TEST(AttentionKernel, CpuCallsAreCountedAndCudaKernelsRefused) {
   AttentionOptions masked;
   masked.mask = at::ones({1, 5}, at::kBool);
   attention(q, k, v, masked);  // a mask: chunked
-  const std::map<std::string, int64_t> want = {{"blocked", 1}, {"chunked", 2}};
+  const std::string cpu = xfuser::backends::cpu_attention_kernel_name();
+  const std::map<std::string, int64_t> want = {{cpu, 1}, {"chunked", 2}};
   EXPECT_EQ(attention_kernel_calls(), want);
 
   // The process default is a preference: a CUDA kernel does not apply to CPU tensors, so the CPU
@@ -446,7 +447,7 @@ TEST(AttentionKernel, CpuCallsAreCountedAndCudaKernelsRefused) {
   xfuser::backends::set_default_attention_kernel(AttentionKernel::chunked);
   attention(q, k, v);
   xfuser::backends::set_default_attention_kernel(saved);
-  const std::map<std::string, int64_t> want2 = {{"blocked", 2}, {"chunked", 3}};
+  const std::map<std::string, int64_t> want2 = {{cpu, 2}, {"chunked", 3}};
   EXPECT_EQ(attention_kernel_calls(), want2);
 
   // A kernel named per call is a requirement.
