@@ -45,15 +45,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool cpu_has_avx512_bf16() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("flags", 0) == 0) return line.find(" avx512_bf16") != std::string::npos;
-  }
-  return false;
-}
-
 std::string format_double(double v) {
   std::ostringstream os;
   os << std::setprecision(10) << v;
@@ -398,7 +389,7 @@ std::string likely_nonfinite_cause(const ResolvedArgs& args) {
 }  // namespace
 
 c10::ScalarType default_cpu_dtype() {
-  static const c10::ScalarType t = cpu_has_avx512_bf16() ? c10::kBFloat16 : c10::kFloat;
+  static const c10::ScalarType t = backends::cpu_has_native_bf16() ? c10::kBFloat16 : c10::kFloat;
   return t;
 }
 

@@ -172,8 +172,9 @@ std::filesystem::path resolve_model_dir(const ResolvedArgs& args);
 // The output file of global prompt `index` (xDiT's name, in --output_directory).
 std::filesystem::path output_path(const ResolvedArgs& args, int64_t index);
 
-// The default compute dtype on this host: bf16 when the CPU has AVX512-BF16 (about 2x the fp32
-// matmul rate through oneDNN), else fp32.
+// The default compute dtype on this host: bf16 when the CPU multiplies bf16 natively
+// (backends::cpu_has_native_bf16: AVX512-BF16 gives about 2x the fp32 matmul rate through
+// oneDNN), else fp32.
 c10::ScalarType default_cpu_dtype();
 
 }  // namespace xfuser::runner

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "backends/attention.h"
+#include "backends/dtype.h"
 #include "backends/error.h"
 #include "backends/fp8.h"
 #include "backends/tensor_util.h"
@@ -67,9 +68,9 @@ at::Tensor linear(const at::Tensor& x, const ParamSlot& weight, const ParamSlot*
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (is_cpu_half(x)) {
+  if (backends::widen_cpu_products(x)) {  // CPU fp16, or bf16 without native bf16 products
     return at::linear(x.to(at::kFloat), w.to(at::kFloat), b.defined() ? b.to(at::kFloat) : b)
-        .to(at::kHalf);
+        .to(x.scalar_type());
   }
   return at::linear(x, w, b);
 }

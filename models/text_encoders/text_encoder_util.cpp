@@ -5,14 +5,15 @@
 
 #include <ATen/ATen.h>
 
+#include "backends/dtype.h"
 #include "backends/error.h"
 #include "backends/tensor_util.h"
 
 namespace xfuser::models::text_encoders {
 
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() == at::kHalf && a.device().is_cpu()) {
-    return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(at::kHalf);
+  if (backends::widen_cpu_products(a)) {
+    return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(a.scalar_type());
   }
   return at::matmul(a, b);
 }

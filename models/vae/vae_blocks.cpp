@@ -6,18 +6,18 @@
 #include <ATen/ATen.h>
 
 #include "backends/attention.h"
+#include "backends/dtype.h"
 #include "backends/error.h"
 #include "backends/tensor_util.h"
 
 namespace xfuser::models::vae {
 namespace {
 
-// libtorch 1.13's CPU kernels have no fp16 convolution, matmul, activation or softmax: those ops
-// run in fp32 on fp16 CPU tensors and round their result back to fp16, so activations still
-// travel between ops in fp16 (and bf16 runs natively).
-bool needs_upcast(const at::Tensor& x) {
-  return x.scalar_type() == at::kHalf && x.device().is_cpu();
-}
+// libtorch 1.13's CPU kernels have no fp16 convolution, matmul, activation or softmax, and a CPU
+// without native bf16 products runs bf16 convolutions emulated, ~8x slower than float32: on such
+// tensors (backends::widen_cpu_products) those ops run in fp32 on the widened operands and round
+// their result back, so activations still travel between ops in the compute dtype.
+bool needs_upcast(const at::Tensor& x) { return backends::widen_cpu_products(x); }
 
 at::Tensor maybe_float(const at::Tensor& t, bool up) { return up ? t.to(at::kFloat) : t; }
 
