@@ -68,4 +68,21 @@ std::pair<at::Tensor, at::Tensor> rope_qk_fused(const at::Tensor& q, const at::T
   return {rotate(q), rotate(k)};
 }
 
+at::Tensor conv3d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                  const std::vector<int64_t>& stride, const std::vector<int64_t>& padding) {
+  XF_CHECK(x.dim() == 5 && weight.dim() == 5 && x.size(1) == weight.size(1) && stride.size() == 3 &&
+               padding.size() == 3,
+           "conv3d: expected x [B, C, T, H, W], weight [O, C, kT, kH, kW] and 3 strides and "
+           "paddings; got x ",
+           shape_string(x.sizes()), ", weight ", shape_string(weight.sizes()));
+  const bool onednn = x.device().is_cpu() && x.scalar_type() == at::kFloat &&
+                      weight.scalar_type() == at::kFloat && at::hasMKLDNN() &&
+                      at::globalContext().userEnabledMkldnn() && x.size(0) > 0;
+  if (!onednn) return at::conv3d(x, weight, bias, stride, padding);
+  const std::vector<int64_t> dilation = {1, 1, 1};
+  return at::mkldnn_convolution(x.contiguous(), weight.contiguous(),
+                                bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
+                                padding, stride, dilation, 1);
+}
+
 }  // namespace xfuser::backends

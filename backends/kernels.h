@@ -4,6 +4,7 @@
 #pragma once
 
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -32,5 +33,14 @@ using RopeQkFn = std::pair<at::Tensor, at::Tensor>(const at::Tensor& q, const at
 // (cos + i sin), sharing the complex table between q and k.
 std::pair<at::Tensor, at::Tensor> rope_qk_fused(const at::Tensor& q, const at::Tensor& k,
                                                 const at::Tensor& cos, const at::Tensor& sin);
+
+// A 3-D convolution (groups 1, no dilation, zero padding `padding` per side), as at::conv3d
+// computes it. Float32 CPU tensors go through oneDNN (at::mkldnn_convolution) whenever libtorch
+// has it: ATen sends inputs of batch 1 with few channels and rows (C x T x H <= 20480) to its
+// im2col kernel, slow_conv3d, which is ~10x slower for the 3x3x3 convolutions of the video VAEs
+// (measured: [1, 8, 6, 256, 256] 429 ms against 44 ms, one thread). The same sums in another
+// order: float32 rounding apart, the same result. Other dtypes and devices: at::conv3d.
+at::Tensor conv3d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                  const std::vector<int64_t>& stride, const std::vector<int64_t>& padding);
 
 }  // namespace xfuser::backends

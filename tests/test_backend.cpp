@@ -14,6 +14,7 @@
 
 #include "backends/backend.h"
 #include "backends/device.h"
+#include "backends/dtype.h"
 #include "backends/kernels.h"
 #include "backends/memory.h"
 #include "backends/threads.h"
@@ -169,6 +170,60 @@ TEST(Threads, OmpNumThreadsIsCappedAtTheCoresAndCheckedForSense) {
     EXPECT_EQ(threads_per_rank(bad, 8, 2), 4) << bad;
   }
   EXPECT_GE(xfuser::available_cores(), 1);
+}
+
+// Half-type GEMMs on a CPU that cannot multiply them natively run in float32 on the widened
+// operands: the same products and float32 sums as a native bf16 kernel, rounded once. Whichever
+// path this CPU takes, the result is the float32 product of the same values, rounded to bf16.
+TEST(WidenedProducts, HalfTypeLinearOnTheCpuIsTheFloatProductRoundedOnce) {
+  using xfuser::backends::widen_cpu_products;
+  EXPECT_FALSE(widen_cpu_products(at::zeros({2}, at::kFloat)));
+  EXPECT_TRUE(widen_cpu_products(at::zeros({2}, at::kHalf)));
+  EXPECT_EQ(widen_cpu_products(at::zeros({2}, at::kBFloat16)),
+            !xfuser::backends::cpu_has_native_bf16());
+  at::manual_seed(3);
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    auto x = at::randn({37, 96}).to(dtype), w = at::randn({80, 96}).to(dtype);
+    auto b = at::randn({80}).to(dtype);
+    at::Tensor y = xfuser::models::linear(x, w, b);
+    ASSERT_EQ(y.scalar_type(), dtype);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{37, 80}));
+    at::Tensor want = at::linear(x.to(at::kFloat), w.to(at::kFloat), b.to(at::kFloat));
+    // At most one rounding of the result (2^-8 relative for bf16, 2^-11 for fp16), plus float32
+    // sums in another order.
+    const double ulp = dtype == at::kBFloat16 ? 1.0 / 256 : 1.0 / 2048;
+    at::Tensor err = (y.to(at::kFloat) - want).abs() - want.abs() * ulp;
+    EXPECT_LE(err.max().item<double>(), 1e-4) << c10::toString(dtype);
+  }
+}
+
+// The video VAEs' 3-D convolution: oneDNN on float32 CPU tensors (where libtorch has it), ATen's
+// own kernel otherwise; either way at::conv3d's result, with strides, zero padding and without a
+// bias, on the small batch-1 inputs that ATen itself would send to its im2col kernel.
+TEST(Kernels, Conv3dEqualsAtenConv3d) {
+  c10::InferenceMode guard;
+  at::manual_seed(4);
+  struct Case {
+    std::vector<int64_t> x, w, stride, padding;
+    bool bias;
+  };
+  for (const Case& c : {Case{{1, 4, 5, 9, 11}, {6, 4, 3, 3, 3}, {1, 1, 1}, {0, 1, 1}, true},
+                        Case{{1, 3, 4, 8, 8}, {5, 3, 3, 3, 3}, {1, 2, 2}, {0, 0, 0}, true},
+                        Case{{2, 2, 3, 6, 7}, {4, 2, 1, 1, 1}, {1, 1, 1}, {0, 0, 0}, false}}) {
+    auto x = at::randn(c.x), w = at::randn(c.w);
+    at::Tensor b = c.bias ? at::randn({c.w[0]}) : at::Tensor();
+    at::Tensor want = at::conv3d(x, w, b, c.stride, c.padding);
+    at::Tensor got = xfuser::backends::conv3d(x, w, b, c.stride, c.padding);
+    ASSERT_EQ(got.sizes(), want.sizes());
+    EXPECT_LE(((got - want).abs().max() / want.abs().max()).item<double>(), 1e-5);
+    at::Tensor half =
+        xfuser::backends::conv3d(x.to(at::kBFloat16), w.to(at::kBFloat16),
+                                 c.bias ? b.to(at::kBFloat16) : b, c.stride, c.padding);
+    EXPECT_EQ(half.scalar_type(), at::kBFloat16);
+  }
+  EXPECT_THROW(xfuser::backends::conv3d(at::randn({1, 4, 5, 9}), at::randn({6, 4, 3, 3, 3}), {},
+                                        {1, 1, 1}, {0, 0, 0}),
+               xfuser::Error);
 }
 
 TEST(Kernels, NormModulateFusedMatchesEager) {

@@ -10,6 +10,7 @@
 
 #include "backends/attention.h"
 #include "backends/error.h"
+#include "backends/kernels.h"
 #include "backends/tensor_util.h"
 #include "models/vae/tile_blend.h"
 #include "models/vae/vae_blocks.h"
@@ -119,7 +120,7 @@ class HunyuanVideoConv3d : public Module {
     }
     at::Tensor w = up ? weight_->value().to(at::kFloat) : weight_->value();
     at::Tensor b = up ? bias_->value().to(at::kFloat) : bias_->value();
-    at::Tensor y = at::conv3d(h, w, b, stride_);
+    at::Tensor y = backends::conv3d(h, w, b, stride_, {0, 0, 0});
     return up ? y.to(x.scalar_type()) : y;
   }
 

@@ -10,6 +10,7 @@
 
 #include "backends/attention.h"
 #include "backends/error.h"
+#include "backends/kernels.h"
 #include "backends/tensor_util.h"
 #include "models/vae/tile_blend.h"
 #include "models/vae/vae_blocks.h"
@@ -105,7 +106,7 @@ class Conv3d : public Module {
       w = w.to(at::kFloat);
       b = b.to(at::kFloat);
     }
-    at::Tensor out = at::conv3d(h, w, b);
+    at::Tensor out = backends::conv3d(h, w, b, {1, 1, 1}, {0, 0, 0});
     return up ? out.to(x.scalar_type()) : out;
   }
 

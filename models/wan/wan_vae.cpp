@@ -10,6 +10,7 @@
 
 #include "backends/attention.h"
 #include "backends/error.h"
+#include "backends/kernels.h"
 #include "backends/tensor_util.h"
 #include "models/vae/vae_blocks.h"
 #include "models/weights/component_folder.h"
@@ -102,7 +103,8 @@ class WanCausalConv3d : public Module {
     const bool up = needs_upcast(h);
     at::Tensor w = up ? weight_->value().to(at::kFloat) : weight_->value();
     at::Tensor b = up ? bias_->value().to(at::kFloat) : bias_->value();
-    at::Tensor y = at::conv3d(up ? h.to(at::kFloat) : h, w, b, stride_, {0, pad_h, padding_[2]});
+    at::Tensor y =
+        backends::conv3d(up ? h.to(at::kFloat) : h, w, b, stride_, {0, pad_h, padding_[2]});
     return up ? y.to(x.scalar_type()) : y;
   }
 
