@@ -174,7 +174,11 @@ class Diffusers:
         self.pipe.set_progress_bar_config(disable=True)
         self.dtype = dtype
         t = self.pipe.transformer
-        last = (t.single_transformer_blocks if self.spec["kind"] == "flux" else t.blocks)[-1]
+        # The last block's query projection runs only when the blocks really compute: a cache
+        # hook that skips replaces the block's (or its attention's) forward, and hooks on those
+        # would count the call, not the work.
+        last = (t.single_transformer_blocks[-1].attn if self.spec["kind"] == "flux"
+                else t.blocks[-1].attn1).to_q
         self.first_call = None
         self.computed = 0
         self.calls = 0
