@@ -102,6 +102,13 @@ const std::vector<Family>& FamilyRegistry::all() {
   return families();
 }
 
+const Family& family_of(const ModelSpec& spec) {
+  for (const auto& f : FamilyRegistry::all()) {
+    if (f.name == spec.family) return f;
+  }
+  XF_THROW("model ", spec.id, " names family '", spec.family, "', which is not registered");
+}
+
 std::vector<TinyArch> FamilyRegistry::tiny_archs() {
   std::vector<TinyArch> out;
   for (const auto& f : all()) out.insert(out.end(), f.tiny_archs.begin(), f.tiny_archs.end());

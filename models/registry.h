@@ -16,6 +16,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "models/common/lora.h"
+
 namespace xfuser::models {
 
 class XFuserModel;
@@ -159,7 +161,15 @@ struct Family {
   // and the DiTRegistry; called once by register_builtin_components().
   std::function<void()> register_components;
   std::vector<TinyArch> tiny_archs;
+  // LoRA adapters (models/common/lora.h): the components diffusers' loader for the family adapts
+  // ("transformer", "text_encoder", ...), and the layouts other than diffusers' own that the
+  // family converts (kohya's, the original checkpoint's names).
+  std::vector<std::string> lora_components = {"transformer"};
+  std::vector<LoraLayout> lora_layouts;
 };
+
+// The family `spec` belongs to (by Family::name == spec.family).
+const Family& family_of(const ModelSpec& spec);
 
 // For each of spec.component_classes present in the pipeline folder (a config.json), throws
 // naming the file, the class it holds, the model and the classes it needs, when they differ. Part

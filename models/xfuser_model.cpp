@@ -2,10 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -108,7 +112,15 @@ void XFuserModel::load(const std::filesystem::path& pipeline_dir, const ModelLoa
              "before load");
     fsdp_ = std::make_unique<FsdpSharder>(*groups_->fsdp(), options.device);
   }
+  load_lora_adapters(options);
   load_components(pipeline_dir, options);
+  // Every adapted component must have been loaded with its adapters.
+  for (const auto& [name, lora] : component_lora_) {
+    const bool loaded = std::any_of(components_.begin(), components_.end(),
+                                    [&](const auto& c) { return c.first == name; });
+    XF_CHECK(loaded, "--lora ", lora->entries.front().adapter->path, ": the adapter adapts '", name,
+             "', which ", spec_.id, " (", pipeline_dir.string(), ") does not load");
+  }
   // The overridable ops, through the backend contract (compile -> override -> eager).
   backends::Backend& backend = backends::backend_for("cpu");
   const size_t before = backend.timeline().size();
@@ -128,6 +140,7 @@ GenerationOutput XFuserModel::generate(const GenerationRequest& request) {
       request.negative_prompts.empty() || request.negative_prompts.size() == request.prompts.size(),
       spec_.id, ": ", request.negative_prompts.size(), " negative prompts for ",
       request.prompts.size(), " prompts (give none, or one per prompt)");
+  set_lora_scales(request);
   c10::InferenceMode guard;
   KernelScope kernel_scope(kernels_.get());
   // Under CPU offload every component leaves the device at the end, also of a failed
@@ -215,7 +228,86 @@ LoadOptions XFuserModel::component_load_options(const std::string& name) const {
   LoadOptions options;
   options.device = load_options_.weights_device();
   if (fsdp_ && !is_vae(name)) fsdp_->configure(options);
+  options.lora = component_lora(name);
   return options;
+}
+
+std::shared_ptr<const ComponentLora> XFuserModel::component_lora(const std::string& name) const {
+  auto it = component_lora_.find(name);
+  return it == component_lora_.end() ? nullptr : it->second;
+}
+
+void XFuserModel::load_lora_adapters(const ModelLoadOptions& options) {
+  lora_adapters_.clear();
+  lora_load_scales_.clear();
+  lora_scales_.clear();
+  component_lora_.clear();
+  if (options.lora.empty()) return;
+  const Family& family = family_of(spec_);
+  std::map<std::string, std::shared_ptr<ComponentLora>> parts;
+  std::set<std::string> names;
+  for (const LoraSpec& given : options.lora) {
+    const std::string flag = given.target.empty() ? "--lora" : "--lora_2";
+    LoraSpec spec = given;
+    if (spec.name.empty()) {
+      const std::string stem = std::filesystem::path(spec.path).stem().string();
+      spec.name = stem;
+      for (int i = 2; names.count(spec.name); ++i) spec.name = stem + "_" + std::to_string(i);
+    }
+    XF_CHECK(!names.count(spec.name), flag, " ", spec.path, ": an adapter named '", spec.name,
+             "' is already loaded");
+    names.insert(spec.name);
+    auto adapter = std::make_shared<LoraAdapter>(read_lora_adapter(spec, family.lora_layouts));
+    auto scale = std::make_shared<double>(spec.scale);
+    for (const auto& [component, updates] : adapter->components) {
+      std::string target = component;
+      if (!spec.target.empty()) {
+        XF_CHECK(component == "transformer", flag, " ", spec.path, ": the adapter adapts '",
+                 component, "'; ", flag, " loads an adapter's transformer part into ", spec.target,
+                 " only (give text-encoder adapters with --lora)");
+        target = spec.target;
+      }
+      const auto& allowed = family.lora_components;
+      XF_CHECK(std::find(allowed.begin(), allowed.end(), target) != allowed.end(), flag, " ",
+               spec.path, ": the adapter adapts '", target, "' (",
+               target == component ? "" : "its transformer part, as " + flag + " asks; ",
+               updates.front().key, "), but adapters for ", spec_.id, " adapt only: ", [&] {
+                 std::string s;
+                 for (const auto& a : allowed) s += (s.empty() ? "" : ", ") + a;
+                 return s;
+               }());
+      auto& part = parts[target];
+      if (!part) {
+        part = std::make_shared<ComponentLora>();
+        part->component = target;
+        part->fused = options.lora_fused;
+        part->device = options.device;
+      }
+      for (const auto& u : updates) part->entries.push_back({adapter.get(), &u, scale});
+    }
+    lora_adapters_.push_back(adapter);
+    lora_load_scales_.push_back(spec.scale);
+    lora_scales_.push_back(scale);
+  }
+  for (auto& [name, part] : parts) component_lora_[name] = part;
+}
+
+void XFuserModel::set_lora_scales(const GenerationRequest& request) {
+  for (const auto& [name, value] : request.lora_scales) {
+    const bool known = std::any_of(lora_adapters_.begin(), lora_adapters_.end(),
+                                   [&](const auto& a) { return a->name == name; });
+    XF_CHECK(known, spec_.id, ": the request sets the scale of LoRA adapter '", name,
+             "', which is not loaded");
+    XF_CHECK(std::isfinite(value), "LoRA adapter '", name, "': the scale must be finite");
+  }
+  for (size_t i = 0; i < lora_adapters_.size(); ++i) {
+    auto it = request.lora_scales.find(lora_adapters_[i]->name);
+    const double want = it == request.lora_scales.end() ? lora_load_scales_[i] : it->second;
+    XF_CHECK(!load_options_.lora_fused || want == lora_load_scales_[i], "LoRA adapter '",
+             lora_adapters_[i]->name, "' is fused into the weights at scale ", lora_load_scales_[i],
+             "; a generation at scale ", want, " needs the adapters unfused (--lora_mode unfused)");
+    *lora_scales_[i] = want;
+  }
 }
 
 std::shared_ptr<Component> XFuserModel::load_pipeline_component(

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -70,6 +71,9 @@ struct GenerationRequest {
   // `latents` argument (FLUX: packed [B, N, 64]; SD3: [B, 16, h, w]); undefined: drawn from the
   // seeds.
   at::Tensor latents;
+  // LoRA scales for this generation by adapter name (unfused adapters only; an adapter not named
+  // runs at its load scale).
+  std::map<std::string, double> lora_scales;
 };
 
 struct StageTiming {
@@ -122,6 +126,10 @@ struct ModelLoadOptions {
   bool fsdp = false;
   // --cache and its parameters: step caching in the denoising loop (models/step_cache_config.h).
   StepCacheConfig cache;
+  // --lora / --lora_2: LoRA adapters (models/common/lora.h), fused into the weights at load
+  // (--lora_mode fused) or kept beside them so that a request can change their scales.
+  std::vector<LoraSpec> lora;
+  bool lora_fused = true;
   // Where the weights are read to: the host under offload, else `device`.
   c10::Device weights_device() const {
     return offload == OffloadMode::kNone ? device : c10::Device(c10::kCPU);
@@ -154,6 +162,10 @@ class XFuserModel {
   const Offloader* offloader() const { return offloader_.get(); }
   // The sharder of a run with FSDP (null without).
   const FsdpSharder* fsdp() const { return fsdp_.get(); }
+  // The LoRA adapters load() read, in the order given.
+  const std::vector<std::shared_ptr<const LoraAdapter>>& lora_adapters() const {
+    return lora_adapters_;
+  }
   // What load() chose for every overridable op and why (compile -> override -> eager).
   const std::vector<backends::BackendTimelineEntry>& backend_timeline() const {
     return backend_timeline_;
@@ -205,6 +217,8 @@ class XFuserModel {
   // The loader options of component `name` (its folder name): the weights device, and FSDP's
   // row sharding for every component but the VAE.
   LoadOptions component_load_options(const std::string& name) const;
+  // The LoRA adapters' updates of component `name` (null: none).
+  std::shared_ptr<const ComponentLora> component_lora(const std::string& name) const;
   // load_component(pipeline_dir / name) in `dtype` with component_load_options(name), and
   // registered.
   std::shared_ptr<Component> load_pipeline_component(const std::filesystem::path& pipeline_dir,
@@ -223,6 +237,14 @@ class XFuserModel {
   std::unique_ptr<FsdpSharder> fsdp_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> components_;
   std::vector<backends::BackendTimelineEntry> backend_timeline_;
+  // LoRA: the adapters, their load scales, the scales the layers read (set per generation), and
+  // what each component applies.
+  std::vector<std::shared_ptr<const LoraAdapter>> lora_adapters_;
+  std::vector<double> lora_load_scales_;
+  std::vector<std::shared_ptr<double>> lora_scales_;
+  std::map<std::string, std::shared_ptr<const ComponentLora>> component_lora_;
+  void load_lora_adapters(const ModelLoadOptions& options);
+  void set_lora_scales(const GenerationRequest& request);
 };
 
 }  // namespace xfuser::models

@@ -60,11 +60,15 @@ at::Tensor activate(const at::Tensor& x, Activation act) {
 at::Tensor linear(const at::Tensor& x, const ParamSlot& weight, const ParamSlot* bias) {
   const at::Tensor b = bias ? bias->value() : at::Tensor();
   weight.ensure_resident();
+  at::Tensor y;
   if (weight.fp8 && weight.fp8->scale.defined()) {
-    return backends::fp8_linear(x, weight.fp8->data, weight.fp8->scale, b, weight.fp8->format,
-                                x.scalar_type());
+    y = backends::fp8_linear(x, weight.fp8->data, weight.fp8->scale, b, weight.fp8->format,
+                             x.scalar_type());
+  } else {
+    y = linear(x, weight.value(), b);
   }
-  return linear(x, weight.value(), b);
+  // Unfused LoRA adapters run beside the weight (models/common/lora.h).
+  return weight.lora.empty() ? y : add_lora(x, std::move(y), weight.lora);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {

@@ -4,6 +4,8 @@
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
+#include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -22,7 +24,8 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
-// The part of `full` (stored layout) that `shard` selects.
+}  // namespace
+
 at::Tensor take_part(const at::Tensor& full, const ParamShard& shard) {
   std::vector<at::Tensor> pieces;
   int64_t offset = 0;
@@ -33,8 +36,6 @@ at::Tensor take_part(const at::Tensor& full, const ParamShard& shard) {
   }
   return pieces.size() == 1 ? pieces[0] : at::cat(pieces, shard.dim);
 }
-
-}  // namespace
 
 std::pair<int, int64_t> block_list_key(const std::string& name,
                                        const std::vector<std::string>& prefixes) {
@@ -170,9 +171,20 @@ std::vector<std::pair<std::string, const ParamSlot*>> Module::named_parameters(
   return {mut.begin(), mut.end()};
 }
 
-void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::string& prefix,
-                  const LoadOptions& options) {
-  XF_CONTEXT("loading weights from ", source.describe());
+void Module::load(const TensorSource& given_source, c10::ScalarType dtype,
+                  const std::string& prefix, const LoadOptions& options) {
+  XF_CONTEXT("loading weights from ", given_source.describe());
+  // LoRA adapters: checked against the model before any weight is read; fused ones are added to
+  // the tensors as the source hands them out, unfused ones attached to their slots at the end.
+  std::map<std::string, std::vector<LoraBranch>> lora_plan;
+  std::unique_ptr<TensorSource> fused_source;
+  if (options.lora && !options.lora->entries.empty()) {
+    lora_plan = plan_lora(*this, prefix, *options.lora, options.allow_unexpected);
+    if (options.lora->fused) {
+      fused_source = make_lora_fused_source(given_source, prefix, lora_plan);
+    }
+  }
+  const TensorSource& source = fused_source ? *fused_source : given_source;
   auto params = named_parameters();
   std::vector<std::string> missing, mismatched, unexpected, wrong_dtype;
   std::set<std::string> claimed;
@@ -328,6 +340,9 @@ void Module::load(const TensorSource& source, c10::ScalarType dtype, const std::
     }
   }
   uploader.finish();
+  if (!lora_plan.empty() && !options.lora->fused) {
+    attach_lora(*this, lora_plan, dtype, options.lora->device);
+  }
 #ifdef __GLIBC__
   // Converting held one float32 copy of a tensor at a time; return those blocks to the system
   // rather than keep them in malloc's free lists.

@@ -19,6 +19,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "backends/fp8.h"
+#include "models/common/lora.h"
 
 namespace xfuser::models {
 
@@ -87,6 +88,8 @@ struct ParamSlot {
   // Set: the slot was loaded as this rank's FSDP shard (`tensor` / fp8 hold chunk rows; `shape`
   // stays the whole parameter's).
   std::optional<RowShard> rows;
+  // Unfused LoRA adapters of a Linear weight (models/common/lora.h): added by models::linear.
+  std::vector<LoraBranch> lora;
 
   // The shape of the tensor in the checkpoint (== shape unless sharded).
   std::vector<int64_t> stored_shape() const;
@@ -163,7 +166,13 @@ struct LoadOptions {
   // smaller ones load whole (replicated). parts <= 1: everything loads whole.
   int row_part = 0;
   int row_parts = 1;
+  // LoRA adapters of this component: fused into the weights as they are read, or attached to
+  // their slots (models/common/lora.h).
+  std::shared_ptr<const ComponentLora> lora;
 };
+
+// The part of `full` (the stored layout) that `shard` selects.
+at::Tensor take_part(const at::Tensor& full, const ParamShard& shard);
 
 class Module {
  public:

@@ -46,7 +46,8 @@ TensorParallelOps tensor_parallel_ops(parallel::Communicator& tp) {
 std::shared_ptr<DiTTransformer> load_dit_transformer(
     const std::string& dir, c10::ScalarType dtype, const parallel::ProcessGroups* groups,
     const DiTPart& part, const std::string& expected_class, c10::Device device,
-    const WeightFormat& weights, int row_part, int row_parts) {
+    const WeightFormat& weights, int row_part, int row_parts,
+    std::shared_ptr<const ComponentLora> lora) {
   ComponentFolder folder = open_component_folder(dir);
   XF_CONTEXT("loading ", folder.class_name, " from ", dir);
   XF_CHECK(expected_class.empty() || folder.class_name == expected_class, dir, " holds a ",
@@ -71,6 +72,12 @@ std::shared_ptr<DiTTransformer> load_dit_transformer(
   options.allow_unexpected = !whole;
   options.device = device;
   options.weight_format = dit_weight_format(*model, weights);
+  options.lora = std::move(lora);
+  if (options.lora && !whole) {
+    // A stage holds some blocks only: check the adapters against the whole model first.
+    auto all = factory_for(folder)(folder.config, folder.config_path, DiTPart{}, TensorParallel{});
+    plan_lora(*all, "", *options.lora, /*partial=*/false);
+  }
   model->load(*folder.weights, dtype, "", options);
   if (tp.size > 1) model->set_tensor_parallel_ops(tensor_parallel_ops(groups->tp()));
   return model;

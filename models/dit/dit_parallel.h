@@ -34,14 +34,13 @@ TensorParallelOps tensor_parallel_ops(parallel::Communicator& tp);
 // it selects is the model's: dit_weight_format). FP8 GEMMs refuse tensor parallelism: a
 // row-parallel layer's per-token and per-channel scales would be taken over a part of each row.
 // `row_part` of `row_parts`: FSDP's row sharding (LoadOptions::row_part), refused with tensor
-// parallelism.
-std::shared_ptr<DiTTransformer> load_dit_transformer(const std::string& dir, c10::ScalarType dtype,
-                                                     const parallel::ProcessGroups* groups,
-                                                     const DiTPart& part = {},
-                                                     const std::string& expected_class = "",
-                                                     c10::Device device = c10::Device(c10::kCPU),
-                                                     const WeightFormat& weights = {},
-                                                     int row_part = 0, int row_parts = 1);
+// parallelism. `lora`: LoRA adapters of the transformer (models/common/lora.h), checked against
+// the whole model also when `part` is one PipeFusion stage.
+std::shared_ptr<DiTTransformer> load_dit_transformer(
+    const std::string& dir, c10::ScalarType dtype, const parallel::ProcessGroups* groups,
+    const DiTPart& part = {}, const std::string& expected_class = "",
+    c10::Device device = c10::Device(c10::kCPU), const WeightFormat& weights = {}, int row_part = 0,
+    int row_parts = 1, std::shared_ptr<const ComponentLora> lora = nullptr);
 
 // `kind` and `format` with the parameters they select in `model`:
 // - fp8 storage: every Linear, Conv and Embedding layer whose module name (or an enclosing

@@ -64,14 +64,16 @@ void DiTPipeline::load_transformer(const std::filesystem::path& dir,
     transformer_ =
         load_dit_transformer(dir.string(), options.dtype, groups.get(),
                              pipefusion_stage_part(layers, groups->coords().pp), expected_class,
-                             options.weights_device(), options.transformer_weights);
+                             options.weights_device(), options.transformer_weights, 0, 1,
+                             component_lora(dir.filename().string()));
   } else {
     // Under tensor parallelism each rank reads only its slices of the transformer's weights;
     // under FSDP its row chunks.
     const LoadOptions rows = component_load_options(dir.filename().string());
-    transformer_ = load_dit_transformer(dir.string(), options.dtype, groups.get(), DiTPart{},
-                                        expected_class, options.weights_device(),
-                                        options.transformer_weights, rows.row_part, rows.row_parts);
+    transformer_ =
+        load_dit_transformer(dir.string(), options.dtype, groups.get(), DiTPart{}, expected_class,
+                             options.weights_device(), options.transformer_weights, rows.row_part,
+                             rows.row_parts, rows.lora);
   }
   register_component(dir.filename().string(), transformer_, transformer_->block_list_prefixes());
   transformer_names_[transformer_.get()] = dir.filename().string();

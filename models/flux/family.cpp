@@ -4,6 +4,7 @@
 
 #include "models/common/tiny_pipeline.h"
 #include "models/dit/dit.h"
+#include "models/flux/flux_lora.h"
 #include "models/flux/flux_pipeline.h"
 #include "models/flux/flux_transformer.h"
 #include "models/flux/tiny_flux.h"
@@ -16,6 +17,8 @@ void register_family() {
   Family family;
   family.name = "flux";
   family.models = model_specs();
+  family.lora_components = {"transformer", "text_encoder"};
+  family.lora_layouts = flux_lora_layouts();
   for (auto& spec : family.models) {
     if (spec.id == "tiny-shapes") {
       spec.embedded_dir = [] { return tiny_shapes_dir(); };

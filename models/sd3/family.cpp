@@ -12,6 +12,7 @@ void register_family() {
   Family family;
   family.name = "sd3";
   family.models = model_specs();
+  family.lora_components = {"transformer", "text_encoder", "text_encoder_2"};
   family.register_components = register_sd3_components;
   family.tiny_archs = {
       {"sd3",

@@ -4,6 +4,7 @@
 #include "models/registry.h"
 #include "models/wan/register.h"
 #include "models/wan/tiny_wan.h"
+#include "models/wan/wan_lora.h"
 #include "models/wan/wan_pipeline.h"
 
 namespace xfuser::models::wan {
@@ -12,6 +13,8 @@ void register_family() {
   Family family;
   family.name = "wan";
   family.models = model_specs();
+  family.lora_components = {"transformer", "transformer_2"};
+  family.lora_layouts = wan_lora_layouts();
   family.register_components = register_wan_components;
   family.tiny_archs = {
       {"wan-t2v",
