@@ -162,6 +162,22 @@ void add_run_flags(CLI::App& app, RunConfig& c) {
                  "else auto)")
       ->check(CLI::IsMember({"auto", "chunked", "flash", "efficient", "cudnn"}))
       ->group(kOpt);
+  const char* kLora = "LoRA adapters (docs/lora.md)";
+  app.add_option("--lora", c.lora,
+                 "A LoRA adapter file (.safetensors: diffusers / PEFT, or the family's kohya or "
+                 "original layout) and its scale, PATH or PATH:SCALE (default 1.0); repeat for "
+                 "several")
+      ->group(kLora);
+  app.add_option("--lora_2", c.lora_2,
+                 "Wan 2.2: an adapter for the second (low-noise) expert, transformer_2, as "
+                 "diffusers' load_into_transformer_2; PATH or PATH:SCALE, repeatable")
+      ->group(kLora);
+  app.add_option("--lora_mode", c.lora_mode,
+                 "fused: the adapters are added into the weights at load (no cost per step); "
+                 "unfused: they run beside the weights, so a generation can change their scales")
+      ->check(CLI::IsMember({"fused", "unfused"}))
+      ->group(kLora)
+      ->capture_default_str();
   const char* kCache = "Step caching options (docs/caching.md)";
   app.add_option("--cache", c.cache,
                  "Skip work between denoising steps: fbcache (First-Block Cache), taylorseer, "

@@ -94,6 +94,12 @@ struct RunConfig {
   std::optional<int> cache_disable_after_step;      // taylorseer
   std::optional<int> cache_max_order;               // taylorseer
   std::string cache_factors_dtype;                  // taylorseer: fp32, bf16, fp16
+  // LoRA adapters (models/common/lora.h): --lora PATH[:SCALE] (the transformer and, where the
+  // file has them, the text encoders) and --lora_2 PATH[:SCALE] (Wan 2.2's transformer_2);
+  // --lora_mode fused (into the weights at load) or unfused (beside them).
+  std::vector<std::string> lora;
+  std::vector<std::string> lora_2;
+  std::string lora_mode = "fused";
   std::string dtype;  // "", fp32, bf16, fp16 ("" = model default for the device)
   // auto (CUDA when this libtorch has it and a GPU is visible), cpu or cuda (backends/device.h).
   std::string device = "auto";

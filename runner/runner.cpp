@@ -160,6 +160,18 @@ models::StepCacheConfig resolve_cache(const RunConfig& c, c10::ScalarType dtype)
   return out;
 }
 
+// The LoRA adapters, as reports and PNG text name them: "mode; name@digest:scale[->target], ...".
+std::string lora_description(const ResolvedArgs& args) {
+  std::string text = args.lora_fused ? "fused" : "unfused";
+  for (size_t i = 0; i < args.lora.size(); ++i) {
+    const auto& l = args.lora[i];
+    text += std::string(i == 0 ? "; " : ", ") + fs::path(l.path).filename().string() + "@" +
+            (i < args.lora_digests.size() ? args.lora_digests[i] : "") + ":" +
+            format_double(l.scale) + (l.target.empty() ? "" : "->" + l.target);
+  }
+  return text;
+}
+
 // How the step cache runs, as reports and PNG text name it.
 std::string cache_description(const models::StepCacheConfig& k) {
   std::string text = models::cache_method_name(k.method);
@@ -263,6 +275,7 @@ std::map<std::string, std::string> generation_text(const ResolvedArgs& args,
   }
   if (c.flow_sigmas) text["flow_sigmas"] = *c.flow_sigmas;
   if (args.cache.enabled()) text["cache"] = cache_description(args.cache);
+  if (!args.lora.empty()) text["lora"] = lora_description(args);
   if (c.guidance_scale_2) text["guidance_scale_2"] = format_double(*c.guidance_scale_2);
   // The input files, by digest: a changed picture or latents file under the same name is a change.
   std::string images;
@@ -537,6 +550,25 @@ ResolvedArgs Runner::preprocess_args() const {
            " is not supported yet: a row-parallel layer would scale each rank's part of a row on "
            "its own; use sequence, CFG, data or PipeFusion parallelism with FP8 GEMMs");
   args.cache = resolve_cache(c, args.dtype);
+  args.lora_fused = c.lora_mode != "unfused";
+  {
+    std::set<std::string> names;
+    for (const auto* list : {&c.lora, &c.lora_2}) {
+      const bool second = list == &c.lora_2;
+      for (const auto& text : *list) {
+        models::LoraSpec spec = models::parse_lora_spec(text, second ? "--lora_2" : "--lora");
+        if (second) spec.target = "transformer_2";
+        XF_CHECK(fs::is_regular_file(spec.path), second ? "--lora_2 " : "--lora ", spec.path,
+                 ": no such file");
+        const std::string stem = fs::path(spec.path).stem().string();
+        spec.name = stem;
+        for (int i = 2; names.count(spec.name); ++i) spec.name = stem + "_" + std::to_string(i);
+        names.insert(spec.name);
+        args.lora_digests.push_back(file_digest(spec.path));
+        args.lora.push_back(std::move(spec));
+      }
+    }
+  }
   XF_CHECK(!(c.enable_model_cpu_offload && c.enable_sequential_cpu_offload),
            "--enable_model_cpu_offload and --enable_sequential_cpu_offload are two ways to keep "
            "the weights in host memory (whole components, or the transformer's blocks one at a "
@@ -963,6 +995,8 @@ void Runner::initialize(const ResolvedArgs& args) {
   options.transformer_weights = args.transformer_weights;
   options.offload = args.offload;
   options.cache = args.cache;
+  options.lora = args.lora;
+  options.lora_fused = args.lora_fused;
   if (args.config.use_fsdp) {
     groups_->create_fsdp_group(args.config.hybrid_fsdp ? hosts_ : std::vector<std::string>{});
     options.fsdp = true;
@@ -1301,6 +1335,7 @@ std::vector<fs::path> Runner::save(const ResolvedArgs& args, const RunResult& re
                         {"num_iterations", c.num_iterations},
                         {"threads", at::get_num_threads()}};
     if (args.cache.enabled()) report["config"]["cache"] = cache_description(args.cache);
+    if (!args.lora.empty()) report["config"]["lora"] = lora_description(args);
     nlohmann::json iterations = nlohmann::json::array();
     for (size_t i = 0; i < result.iterations.size(); ++i) {
       const auto& it = result.iterations[i];

@@ -59,6 +59,11 @@ struct ResolvedArgs {
   models::OffloadMode offload = models::OffloadMode::kNone;
   // --cache and its parameters, defaults filled in.
   models::StepCacheConfig cache;
+  // --lora / --lora_2 (each adapter named after its file, made unique) and --lora_mode; the
+  // files' digests, recorded in every output and compared by --resume.
+  std::vector<models::LoraSpec> lora;
+  std::vector<std::string> lora_digests;
+  bool lora_fused = true;
 };
 
 // Communication per group name, then per operation, of one timed iteration.
