@@ -1,0 +1,4 @@
+# LoRA adapters: every family against diffusers' load_lora_weights / fuse_lora, the unfused
+# per-generation scales, tensor-parallel slicing, bad adapters; every parallel layout with an
+# adapter against one rank.
+xfuser_add_test(test_lora.cpp LABELS unit fixture TIMEOUT 600)

@@ -1,0 +1,340 @@
+// LoRA adapters (models/common/lora.h).
+//
+// Against diffusers 0.42.1 / peft 0.21.2: lora-v0.42.1/<pipeline>/ holds adapters written by
+// diffusers' save_lora_weights (and, for FLUX.1 and Wan, files in kohya's and the original Wan
+// layout), and cases run by diffusers from the same initial latents: one adapter, two with
+// different scales, scale 0, fused (fuse_lora) and unfused (set_adapters). xfuser's final
+// latents equal diffusers' within 1e-4 relative (fp32), in the case's mode and in the other one.
+// Unfused adapters change scale per generation, and scale 0 gives the base model's result bit
+// for bit. Tensor-parallel slicing of adapters, and every bad adapter as a clear error.
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/error.h"
+#include "models/common/layers.h"
+#include "models/common/lora.h"
+#include "models/common/tensor_parallel.h"
+#include "models/registry.h"
+#include "models/weights/safetensors.h"
+#include "models/weights/tensor_source.h"
+#include "models/xfuser_model.h"
+#include "tests/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace models = xfuser::models;
+using models::GenerationRequest;
+using models::ModelRegistry;
+
+const std::vector<std::string> kPipelines = {
+    "flux-tiny",    "kontext-tiny",   "flux2-tiny",         "sd3-tiny",
+    "wan-t2v-tiny", "wan22-t2v-tiny", "hunyuan-video-tiny", "hunyuan_video15-tiny"};
+
+fs::path lora_root(const std::string& pipeline) {
+  return xfuser::testing::fixtures_dir() / "lora-v0.42.1" / pipeline;
+}
+
+std::vector<models::LoraSpec> case_adapters(const fs::path& root, const nlohmann::json& c) {
+  std::vector<models::LoraSpec> out;
+  for (const auto& a : c["lora"]["adapters"]) {
+    models::LoraSpec s;
+    s.path = (root / a["file"].get<std::string>()).string();
+    s.name = a["name"];
+    s.scale = a["scale"];
+    const std::string target = a.value("target", "transformer");
+    if (target != "transformer") s.target = target;
+    out.push_back(s);
+  }
+  return out;
+}
+
+GenerationRequest case_request(const std::string& pipeline, const fs::path& dir) {
+  GenerationRequest r = xfuser::testing::reference_case_request(dir);
+  // diffusers 0.42's UniPC takes its flow sigmas from one, whatever the folder's version.
+  if (pipeline.rfind("wan", 0) == 0) r.flow_sigmas = "from_one";
+  return r;
+}
+
+std::unique_ptr<models::XFuserModel> load(const fs::path& folder,
+                                          std::vector<models::LoraSpec> lora, bool fused) {
+  const auto& spec = ModelRegistry::for_pipeline_folder(folder);
+  auto model = spec.create(spec);
+  models::ModelLoadOptions options;  // fp32
+  options.lora = std::move(lora);
+  options.lora_fused = fused;
+  model->load(folder, options);
+  return model;
+}
+
+class LoraParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LoraParity, FinalLatentsEqualDiffusersFusedAndUnfused) {
+  const std::string name = GetParam();
+  const fs::path root = lora_root(name);
+  XF_REQUIRE_FIXTURE(root);
+  const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / name;
+  int cases = 0;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const fs::path dir = entry.path();
+    if (!fs::exists(dir / "case.json")) continue;
+    SCOPED_TRACE(dir.string());
+    const auto c = xfuser::testing::read_json(dir / "case.json");
+    const bool fused = c["lora"]["fused"];
+    const at::Tensor want =
+        models::SafetensorsFile((dir / "final.safetensors").string()).get("latents");
+    for (const bool mode : {fused, !fused}) {
+      auto model = load(folder, case_adapters(root, c), mode);
+      const auto out = model->generate(case_request(name, dir));
+      ASSERT_EQ(out.latents.sizes(), want.sizes());
+      const double rel = xfuser::testing::max_rel_error(out.latents, want);
+      EXPECT_LE(rel, 1e-4) << (mode ? "fused" : "unfused") << " vs diffusers ("
+                           << (fused ? "fused" : "unfused") << ")";
+      std::printf("%s/%s %s: rel %.2e (diffusers' change from the base: %.2e)\n", name.c_str(),
+                  dir.filename().c_str(), mode ? "fused" : "unfused", rel,
+                  c.value("base_rel_change", 0.0));
+    }
+    ++cases;
+  }
+  EXPECT_GE(cases, 3) << "one adapter, two adapters, scale 0 at least";
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LoraParity, ::testing::ValuesIn(kPipelines),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return n;
+                         });
+
+// Unfused adapters: each generation sets its own scales; 0 is the base model bit for bit, and
+// going back to the load scale gives diffusers' result again.
+TEST(Lora, UnfusedScalesChangePerGeneration) {
+  const std::string name = "flux-tiny";
+  const fs::path root = lora_root(name);
+  XF_REQUIRE_FIXTURE(root / "a");
+  const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / name;
+  const auto c = xfuser::testing::read_json(root / "a" / "case.json");
+  auto model = load(folder, case_adapters(root, c), /*fused=*/false);
+  auto base = load(folder, {}, true);
+  GenerationRequest r = case_request(name, root / "a");
+  const at::Tensor want =
+      models::SafetensorsFile((root / "a" / "final.safetensors").string()).get("latents");
+  GenerationRequest off = r;
+  off.lora_scales["a"] = 0.0;
+  const auto zero = model->generate(off);
+  const auto plain = base->generate(r);
+  EXPECT_TRUE(at::equal(zero.latents, plain.latents)) << "scale 0 vs no adapter";
+  EXPECT_TRUE(at::equal(zero.images, plain.images));
+  const auto back = model->generate(r);  // the load scale again
+  EXPECT_LE(xfuser::testing::max_rel_error(back.latents, want), 1e-4);
+  GenerationRequest half = r;
+  half.lora_scales["a"] = 0.4;
+  const auto mid = model->generate(half);
+  EXPECT_GT(xfuser::testing::max_rel_error(mid.latents, plain.latents), 1e-3);
+  EXPECT_GT(xfuser::testing::max_rel_error(mid.latents, want), 1e-3);
+  // Fused adapters have their scale in the weights: another scale is refused, naming the mode.
+  auto fused = load(folder, case_adapters(root, c), true);
+  try {
+    fused->generate(half);
+    FAIL() << "a fused adapter ran at another scale";
+  } catch (const xfuser::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--lora_mode unfused"), std::string::npos) << e.what();
+  }
+  GenerationRequest unknown = r;
+  unknown.lora_scales["nope"] = 1.0;
+  EXPECT_THROW(model->generate(unknown), xfuser::Error);
+}
+
+TEST(Lora, ParseSpec) {
+  auto s = models::parse_lora_spec("style.safetensors:0.7", "--lora");
+  EXPECT_EQ(s.path, "style.safetensors");
+  EXPECT_DOUBLE_EQ(s.scale, 0.7);
+  s = models::parse_lora_spec("/data/a:b/style.safetensors", "--lora");
+  EXPECT_EQ(s.path, "/data/a:b/style.safetensors");
+  EXPECT_DOUBLE_EQ(s.scale, 1.0);
+  s = models::parse_lora_spec("x.safetensors:-1.5e-1", "--lora");
+  EXPECT_DOUBLE_EQ(s.scale, -0.15);
+  EXPECT_THROW(models::parse_lora_spec(":0.5", "--lora"), xfuser::Error);
+}
+
+// Column- and row-parallel layers take their slices of the adapter as of the weight: the parts'
+// outputs, gathered or summed, equal the unsharded layer with the update fused, fused or not.
+TEST(Lora, TensorParallelSlicesEqualTheWholeLayer) {
+  const int64_t in = 12, out = 8, r = 3;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  auto randn = [&](std::vector<int64_t> shape) {
+    return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat));
+  };
+  const at::Tensor w = randn({out, in}), b = randn({out}), down = randn({r, in}),
+                   up = randn({out, r}), up_bias = randn({out}), x = randn({2, 5, in});
+  // Row-parallel: the weight [out, in'] with in' = out for a square second layer.
+  const at::Tensor w2 = randn({in, out}), b2 = randn({in}), down2 = randn({r, out}),
+                   up2 = randn({in, r}), x2 = randn({2, 5, out});
+  models::TensorMapSource source({{"col.weight", w}, {"col.bias", b}, {"row.weight", w2},
+                                  {"row.bias", b2}});
+  models::LoraAdapter adapter;
+  adapter.name = "t";
+  adapter.path = "memory";
+  models::LoraUpdate uc{"col.lora_A.weight", {"col"}, down, up, up_bias, 0.5};
+  models::LoraUpdate ur{"row.lora_A.weight", {"row"}, down2, up2, at::Tensor(), 2.0};
+  adapter.components["transformer"] = {uc, ur};
+  auto scale = std::make_shared<double>(0.75);
+  const double sc = 0.75 * 0.5, sr = 0.75 * 2.0;
+  const at::Tensor want_col = at::linear(x, w + sc * at::matmul(up, down), b + sc * up_bias);
+  const at::Tensor want_row = at::linear(x2, w2 + sr * at::matmul(up2, down2), b2);
+
+  struct Pair : models::Module {
+    std::shared_ptr<models::ColumnParallelLinear> col;
+    std::shared_ptr<models::RowParallelLinear> row;
+    explicit Pair(const models::TensorParallel& tp, int64_t in, int64_t out) {
+      col = child("col", std::make_shared<models::ColumnParallelLinear>(in, out, tp));
+      row = child("row", std::make_shared<models::RowParallelLinear>(out, in, tp));
+    }
+  };
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "unfused");
+    auto lora = std::make_shared<models::ComponentLora>();
+    lora->component = "transformer";
+    lora->fused = fused;
+    for (const auto& u : adapter.components["transformer"]) {
+      lora->entries.push_back({&adapter, &u, scale});
+    }
+    models::LoadOptions options;
+    options.lora = lora;
+    std::vector<at::Tensor> cols;
+    at::Tensor row_sum;
+    for (int part = 0; part < 2; ++part) {
+      Pair m(models::TensorParallel{part, 2}, in, out);
+      m.load(source, at::kFloat, "", options);
+      cols.push_back(m.col->forward(x));
+      models::TensorParallelOps ops;
+      at::Tensor partial;
+      ops.all_reduce = [&](at::Tensor& t) { partial = t.clone(); };
+      // The row layer's input is this part's columns of x2.
+      const at::Tensor local = x2.narrow(-1, part * out / 2, out / 2);
+      at::Tensor y = m.row->forward(local, ops);
+      // forward added the bias after the (stubbed) reduction: keep the partial sum only.
+      row_sum = row_sum.defined() ? row_sum + partial : partial;
+    }
+    EXPECT_LE(xfuser::testing::max_rel_error(at::cat(cols, -1), want_col), 1e-5);
+    EXPECT_LE(xfuser::testing::max_rel_error(row_sum + b2, want_row), 1e-5);
+  }
+}
+
+// Bad adapters fail at load, naming the file, the key and the module.
+class LoraErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    folder_ = xfuser::testing::fixtures_dir() / "pipelines" / "flux-tiny";
+    XF_REQUIRE_FIXTURE(folder_);
+    const auto t = models::SafetensorsFile(
+        (folder_ / "transformer" / "diffusion_pytorch_model.safetensors").string());
+    q_ = t.info("transformer_blocks.0.attn.to_q.weight").shape;
+  }
+  std::string error_of(const std::map<std::string, at::Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::string& flag_target = "") {
+    const fs::path file = tmp_ / "bad.safetensors";
+    models::save_safetensors(file.string(), tensors, metadata);
+    models::LoraSpec spec;
+    spec.path = file.string();
+    spec.target = flag_target;
+    try {
+      load(folder_, {spec}, true);
+    } catch (const xfuser::Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+  at::Tensor zeros(std::vector<int64_t> shape) { return at::zeros(shape); }
+  xfuser::testing::TempDir tmp_{"xfuser-lora"};
+  fs::path folder_;
+  std::vector<int64_t> q_;  // [out, in] of to_q
+};
+
+TEST_F(LoraErrors, UnknownModule) {
+  const std::string e = error_of({{"transformer.transformer_blocks.0.attn.to_z.lora_A.weight",
+                                   zeros({2, q_[1]})},
+                                  {"transformer.transformer_blocks.0.attn.to_z.lora_B.weight",
+                                   zeros({q_[0], 2})}});
+  EXPECT_NE(e.find("bad.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find("transformer_blocks.0.attn.to_z"), std::string::npos) << e;
+  EXPECT_NE(e.find("does not have"), std::string::npos) << e;
+}
+
+TEST_F(LoraErrors, ShapeThatDoesNotFit) {
+  std::string e = error_of(
+      {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1] + 1})},
+       {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0], 2})}});
+  EXPECT_NE(e.find("does not fit 'transformer.transformer_blocks.0.attn.to_q'"), std::string::npos)
+      << e;
+  e = error_of({{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
+                {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0] * 2, 2})}});
+  EXPECT_NE(e.find("output rows"), std::string::npos) << e;
+}
+
+TEST_F(LoraErrors, RankMismatch) {
+  std::string e = error_of(
+      {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
+       {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0], 3})}});
+  EXPECT_NE(e.find("rank mismatch"), std::string::npos) << e;
+  EXPECT_NE(e.find("transformer_blocks.0.attn.to_q"), std::string::npos) << e;
+  // The header's configuration disagrees with the weights.
+  e = error_of({{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
+                {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0], 2})}},
+               {{"lora_adapter_metadata", R"({"transformer.r": 4, "transformer.lora_alpha": 4})"}});
+  EXPECT_NE(e.find("lora_adapter_metadata gives r = 4"), std::string::npos) << e;
+}
+
+TEST_F(LoraErrors, OtherKindsAndOtherFamiliesAreNamed) {
+  std::string e = error_of({{"lora_unet_double_blocks_0_img_attn_qkv.lokr_w1", zeros({2, 2})}});
+  EXPECT_NE(e.find("LoKr"), std::string::npos) << e;
+  e = error_of({{"transformer.transformer_blocks.0.attn.to_q.lora_magnitude_vector",
+                 zeros({q_[0]})},
+                {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
+                {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0], 2})}});
+  EXPECT_NE(e.find("DoRA"), std::string::npos) << e;
+  // A Wan adapter in musubi-tuner's layout given to FLUX.1: kohya-style names FLUX does not have.
+  e = error_of({{"lora_unet_blocks_0_self_attn_q.lora_down.weight", zeros({2, q_[1]})},
+                {"lora_unet_blocks_0_self_attn_q.lora_up.weight", zeros({q_[0], 2})}});
+  EXPECT_NE(e.find("lora_unet_blocks_0_self_attn_q"), std::string::npos) << e;
+  EXPECT_NE(e.find("no FLUX.1 module"), std::string::npos) << e;
+  // The original Wan layout given to FLUX.1: read as a model's own PEFT file, whose modules
+  // FLUX does not have.
+  e = error_of({{"diffusion_model.blocks.0.self_attn.q.lora_A.weight", zeros({2, q_[1]})},
+                {"diffusion_model.blocks.0.self_attn.q.lora_B.weight", zeros({q_[0], 2})}});
+  EXPECT_NE(e.find("diffusion_model.blocks.0.self_attn.q"), std::string::npos) << e;
+  EXPECT_NE(e.find("does not have"), std::string::npos) << e;
+  // Neither a LoRA layout nor a family's.
+  e = error_of({{"model.layers.0.weight", zeros({2, 2})}});
+  EXPECT_NE(e.find("not a LoRA layout xfuser reads"), std::string::npos) << e;
+  // A Wan diffusers-layout adapter: the right layout, modules FLUX does not have.
+  e = error_of({{"transformer.blocks.0.attn1.to_q.lora_A.weight", zeros({2, q_[1]})},
+                {"transformer.blocks.0.attn1.to_q.lora_B.weight", zeros({q_[0], 2})}});
+  EXPECT_NE(e.find("blocks.0.attn1.to_q"), std::string::npos) << e;
+  // A component the family's loader does not adapt.
+  e = error_of({{"text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_A.weight",
+                 zeros({2, 4})},
+                {"text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_B.weight",
+                 zeros({4, 2})}});
+  EXPECT_NE(e.find("adapt only: transformer, text_encoder"), std::string::npos) << e;
+  // --lora_2 on a model without a second expert.
+  e = error_of({{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
+                {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0], 2})}},
+               {}, "transformer_2");
+  EXPECT_NE(e.find("transformer_2"), std::string::npos) << e;
+  // A layer that is not Linear.
+  e = error_of({{"transformer.transformer_blocks.0.norm1.norm.lora_A.weight", zeros({2, 4})},
+                {"transformer.transformer_blocks.0.norm1.norm.lora_B.weight", zeros({4, 2})}});
+  EXPECT_NE(e.find("norm1.norm"), std::string::npos) << e;
+}
+
+}  // namespace
