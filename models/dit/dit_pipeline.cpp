@@ -28,7 +28,9 @@ at::Tensor DiTPipeline::initial_noise(const GenerationRequest& request,
              " (", layout, ")");
     XF_CHECK(at::isFloatingType(request.latents.scalar_type()),
              "--latents must be floating point, got ", request.latents.scalar_type());
-    return request.latents.to(options);
+    // Always a copy: the denoising loop updates the latents in place (PipeFusion patch by
+    // patch), and the caller's tensor must stay the request's initial latents.
+    return request.latents.to(options, /*non_blocking=*/false, /*copy=*/true);
   }
   // One CPU generator per prompt, as diffusers' randn_tensor with a list of generators: the
   // noise of prompt i depends only on its seed; drawn in float32 whatever the run's dtype.
