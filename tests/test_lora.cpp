@@ -178,8 +178,8 @@ TEST(Lora, TensorParallelSlicesEqualTheWholeLayer) {
   // Row-parallel: the weight [out, in'] with in' = out for a square second layer.
   const at::Tensor w2 = randn({in, out}), b2 = randn({in}), down2 = randn({r, out}),
                    up2 = randn({in, r}), x2 = randn({2, 5, out});
-  models::TensorMapSource source({{"col.weight", w}, {"col.bias", b}, {"row.weight", w2},
-                                  {"row.bias", b2}});
+  models::TensorMapSource source(
+      {{"col.weight", w}, {"col.bias", b}, {"row.weight", w2}, {"row.bias", b2}});
   models::LoraAdapter adapter;
   adapter.name = "t";
   adapter.path = "memory";
@@ -261,30 +261,30 @@ class LoraErrors : public ::testing::Test {
 };
 
 TEST_F(LoraErrors, UnknownModule) {
-  const std::string e = error_of({{"transformer.transformer_blocks.0.attn.to_z.lora_A.weight",
-                                   zeros({2, q_[1]})},
-                                  {"transformer.transformer_blocks.0.attn.to_z.lora_B.weight",
-                                   zeros({q_[0], 2})}});
+  const std::string e =
+      error_of({{"transformer.transformer_blocks.0.attn.to_z.lora_A.weight", zeros({2, q_[1]})},
+                {"transformer.transformer_blocks.0.attn.to_z.lora_B.weight", zeros({q_[0], 2})}});
   EXPECT_NE(e.find("bad.safetensors"), std::string::npos) << e;
   EXPECT_NE(e.find("transformer_blocks.0.attn.to_z"), std::string::npos) << e;
   EXPECT_NE(e.find("does not have"), std::string::npos) << e;
 }
 
 TEST_F(LoraErrors, ShapeThatDoesNotFit) {
-  std::string e = error_of(
-      {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1] + 1})},
-       {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0], 2})}});
+  std::string e =
+      error_of({{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1] + 1})},
+                {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0], 2})}});
   EXPECT_NE(e.find("does not fit 'transformer.transformer_blocks.0.attn.to_q'"), std::string::npos)
       << e;
-  e = error_of({{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
-                {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0] * 2, 2})}});
+  e = error_of(
+      {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
+       {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0] * 2, 2})}});
   EXPECT_NE(e.find("output rows"), std::string::npos) << e;
 }
 
 TEST_F(LoraErrors, RankMismatch) {
-  std::string e = error_of(
-      {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
-       {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0], 3})}});
+  std::string e =
+      error_of({{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
+                {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0], 3})}});
   EXPECT_NE(e.find("rank mismatch"), std::string::npos) << e;
   EXPECT_NE(e.find("transformer_blocks.0.attn.to_q"), std::string::npos) << e;
   // The header's configuration disagrees with the weights.
@@ -297,10 +297,10 @@ TEST_F(LoraErrors, RankMismatch) {
 TEST_F(LoraErrors, OtherKindsAndOtherFamiliesAreNamed) {
   std::string e = error_of({{"lora_unet_double_blocks_0_img_attn_qkv.lokr_w1", zeros({2, 2})}});
   EXPECT_NE(e.find("LoKr"), std::string::npos) << e;
-  e = error_of({{"transformer.transformer_blocks.0.attn.to_q.lora_magnitude_vector",
-                 zeros({q_[0]})},
-                {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
-                {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0], 2})}});
+  e = error_of(
+      {{"transformer.transformer_blocks.0.attn.to_q.lora_magnitude_vector", zeros({q_[0]})},
+       {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
+       {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", zeros({q_[0], 2})}});
   EXPECT_NE(e.find("DoRA"), std::string::npos) << e;
   // A Wan adapter in musubi-tuner's layout given to FLUX.1: kohya-style names FLUX does not have.
   e = error_of({{"lora_unet_blocks_0_self_attn_q.lora_down.weight", zeros({2, q_[1]})},
@@ -321,10 +321,9 @@ TEST_F(LoraErrors, OtherKindsAndOtherFamiliesAreNamed) {
                 {"transformer.blocks.0.attn1.to_q.lora_B.weight", zeros({q_[0], 2})}});
   EXPECT_NE(e.find("blocks.0.attn1.to_q"), std::string::npos) << e;
   // A component the family's loader does not adapt.
-  e = error_of({{"text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_A.weight",
-                 zeros({2, 4})},
-                {"text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_B.weight",
-                 zeros({4, 2})}});
+  e = error_of(
+      {{"text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_A.weight", zeros({2, 4})},
+       {"text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_B.weight", zeros({4, 2})}});
   EXPECT_NE(e.find("adapt only: transformer, text_encoder"), std::string::npos) << e;
   // --lora_2 on a model without a second expert.
   e = error_of({{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", zeros({2, q_[1]})},
