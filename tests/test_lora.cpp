@@ -337,3 +337,113 @@ TEST_F(LoraErrors, OtherKindsAndOtherFamiliesAreNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+// CPU offload (whole components, or the transformer's blocks streamed) holds the adapters as it
+// holds the weights: the same result as without. FP8 weights take a fused adapter before they are
+// quantized, and an unfused one runs beside them in the compute dtype: the adapter's change
+// survives the fp8 rounding (measured against the fp32 run with the adapter).
+TEST(Lora, OffloadAndFp8WeightsKeepTheAdapter) {
+  const std::string name = "flux-tiny";
+  const fs::path root = lora_root(name);
+  XF_REQUIRE_FIXTURE(root / "ab");
+  const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / name;
+  const auto c = xfuser::testing::read_json(root / "ab" / "case.json");
+  const GenerationRequest r = case_request(name, root / "ab");
+  auto run = [&](bool fused, bool with_adapters, models::OffloadMode offload,
+                 models::WeightFormat::Kind weights) {
+    const auto& spec = ModelRegistry::for_pipeline_folder(folder);
+    auto model = spec.create(spec);
+    models::ModelLoadOptions options;
+    if (with_adapters) options.lora = case_adapters(root, c);
+    options.lora_fused = fused;
+    options.offload = offload;
+    options.transformer_weights.kind = weights;
+    model->load(folder, options);
+    return model->generate(r).latents;
+  };
+  using K = models::WeightFormat::Kind;
+  const at::Tensor base = run(true, false, models::OffloadMode::kNone, K::kAsLoaded);
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "unfused");
+    const at::Tensor want = run(fused, true, models::OffloadMode::kNone, K::kAsLoaded);
+    const double effect = xfuser::testing::max_rel_error(want, base);
+    ASSERT_GT(effect, 1e-2);
+    for (const auto mode : {models::OffloadMode::kModel, models::OffloadMode::kSequential}) {
+      const at::Tensor got = run(fused, true, mode, K::kAsLoaded);
+      EXPECT_LE(xfuser::testing::max_rel_error(got, want), 1e-6)
+          << models::offload_mode_name(mode) << " offload";
+    }
+    for (const auto kind : {K::kFp8Storage, K::kFp8Scaled}) {
+      const at::Tensor fp8_base = run(true, false, models::OffloadMode::kNone, kind);
+      const at::Tensor got = run(fused, true, models::OffloadMode::kNone, kind);
+      const double err = xfuser::testing::max_rel_error(got, want);
+      const double base_err = xfuser::testing::max_rel_error(fp8_base, base);
+      std::printf(
+          "%s %s: vs fp32 with the adapter %.2e (fp8 without adapters vs fp32: %.2e; "
+          "the adapter's change %.2e)\n",
+          fused ? "fused" : "unfused", kind == K::kFp8Storage ? "fp8 storage" : "fp8 GEMMs", err,
+          base_err, effect);
+      // fp8's own rounding, not a lost or doubled adapter.
+      EXPECT_LE(err, 2 * base_err + 1e-3);
+      EXPECT_LT(err, 0.5 * effect);
+    }
+  }
+}
+
+// kohya's single-block linear1 (BFL's fused q, k, v and MLP input) splits its up rows by the
+// targets' widths, which diffusers' converter fixes at FLUX.1-dev's: the same as the PEFT file
+// that names the four layers; final_layer_adaLN_modulation_1 swaps BFL's (shift, scale) halves.
+TEST(Lora, KohyaFusedProjectionsSplitByTheModelsWidths) {
+  const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / "flux-tiny";
+  const fs::path root = lora_root("flux-tiny");
+  XF_REQUIRE_FIXTURE(root / "a");
+  const auto t = models::SafetensorsFile(
+      (folder / "transformer" / "diffusion_pytorch_model.safetensors").string());
+  const int64_t d = t.info("single_transformer_blocks.0.attn.to_q.weight").shape[0];
+  const int64_t mlp = t.info("single_transformer_blocks.0.proj_mlp.weight").shape[0];
+  const auto mod = t.info("norm_out.linear.weight").shape;  // [2 D, D]
+  const int64_t r = 4;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  auto randn = [&](std::vector<int64_t> s, double std) {
+    return at::randn(s, gen, at::TensorOptions().dtype(at::kFloat)) * std;
+  };
+  const at::Tensor down = randn({r, d}, 0.1), up = randn({3 * d + mlp, r}, 0.1);
+  const at::Tensor fdown = randn({r, mod[1]}, 0.1), fup = randn({mod[0], r}, 0.1);
+  const double alpha = 2.0;  // factor alpha / r = 0.5
+  xfuser::testing::TempDir tmp("xfuser-lora-kohya");
+  models::save_safetensors((tmp / "kohya.safetensors").string(),
+                           {{"lora_unet_single_blocks_0_linear1.lora_down.weight", down},
+                            {"lora_unet_single_blocks_0_linear1.lora_up.weight", up},
+                            {"lora_unet_single_blocks_0_linear1.alpha", at::full({}, alpha)},
+                            {"lora_unet_final_layer_adaLN_modulation_1.lora_down.weight", fdown},
+                            {"lora_unet_final_layer_adaLN_modulation_1.lora_up.weight", fup}});
+  std::map<std::string, at::Tensor> peft;
+  const std::vector<std::pair<std::string, int64_t>> parts = {
+      {"attn.to_q", d}, {"attn.to_k", d}, {"attn.to_v", d}, {"proj_mlp", mlp}};
+  int64_t row = 0;
+  for (const auto& [m, rows] : parts) {
+    const std::string k = "transformer.single_transformer_blocks.0." + m;
+    peft[k + ".lora_A.weight"] = down * (alpha / r);
+    peft[k + ".lora_B.weight"] = up.narrow(0, row, rows).clone();
+    row += rows;
+  }
+  const auto halves = fup.chunk(2, 0);
+  peft["transformer.norm_out.linear.lora_A.weight"] = fdown;
+  peft["transformer.norm_out.linear.lora_B.weight"] = at::cat({halves[1], halves[0]}, 0);
+  models::save_safetensors((tmp / "peft.safetensors").string(), peft);
+  const GenerationRequest req = case_request("flux-tiny", root / "a");
+  for (const bool fused : {true, false}) {
+    models::LoraSpec k, p;
+    k.path = (tmp / "kohya.safetensors").string();
+    p.path = (tmp / "peft.safetensors").string();
+    const auto a = load(folder, {k}, fused)->generate(req).latents;
+    const auto b = load(folder, {p}, fused)->generate(req).latents;
+    const auto plain = load(folder, {}, true)->generate(req).latents;
+    EXPECT_LE(xfuser::testing::max_rel_error(a, b), 1e-6) << (fused ? "fused" : "unfused");
+    EXPECT_GT(xfuser::testing::max_rel_error(a, plain), 1e-3) << "the adapter changed nothing";
+  }
+}
+
+}  // namespace

@@ -6,10 +6,9 @@
 // Final latents (fp32) within 1e-5 of the one-rank ones relative to their max.
 #include <cstdio>
 
-#include <nlohmann/json.hpp>
-
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "backends/error.h"
 #include "models/registry.h"
@@ -81,9 +80,12 @@ TEST_P(LoraParallel, EveryLayoutEqualsOneRank) {
   if (name.rfind("flux", 0) == 0) cfg.true_cfg_scale = 2.0;
   if (name.rfind("wan", 0) == 0 && cfg.guidance_scale <= 1.0) cfg.guidance_scale = 5.0;
   const std::vector<Layout> layouts = {
-      {"pipefusion 2", 1, 2, 1, 1, 1, false},      {"fsdp 2 (ulysses 2)", 1, 1, 2, 1, 1, true},
-      {"tensor parallel 2", 1, 1, 1, 1, 2, false}, {"ulysses 2", 1, 1, 2, 1, 1, false},
-      {"ring 2", 1, 1, 1, 2, 1, false},            {"cfg parallel 2", 2, 1, 1, 1, 1, false},
+      {"pipefusion 2", 1, 2, 1, 1, 1, false},
+      {"fsdp 2 (ulysses 2)", 1, 1, 2, 1, 1, true},
+      {"tensor parallel 2", 1, 1, 1, 1, 2, false},
+      {"ulysses 2", 1, 1, 2, 1, 1, false},
+      {"ring 2", 1, 1, 1, 2, 1, false},
+      {"cfg parallel 2", 2, 1, 1, 1, 1, false},
   };
   for (const bool fused : {true, false}) {
     auto serial = load(folder, adapters(root, c), fused, nullptr, false);
@@ -93,8 +95,8 @@ TEST_P(LoraParallel, EveryLayoutEqualsOneRank) {
     for (const Layout& l : layouts) {
       // Wan 2.2's two experts refuse PipeFusion (each would need its own stale K/V).
       if (l.pp > 1 && name.rfind("wan22", 0) == 0) continue;
-      const std::string what = name + "/" + case_name + " " + (fused ? "fused" : "unfused") +
-                               " " + l.name;
+      const std::string what =
+          name + "/" + case_name + " " + (fused ? "fused" : "unfused") + " " + l.name;
       SCOPED_TRACE(what);
       auto config = WorldConfig::from_degrees(2, 1, l.cfg, l.pp, l.ulysses, l.ring, l.tp);
       auto groups = std::make_shared<ProcessGroups>(config, world);
