@@ -24,6 +24,7 @@
 #include "models/weights/safetensors.h"
 #include "models/weights/tensor_source.h"
 #include "models/xfuser_model.h"
+#include "runner/outputs.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -444,6 +445,80 @@ TEST(Lora, KohyaFusedProjectionsSplitByTheModelsWidths) {
     EXPECT_LE(xfuser::testing::max_rel_error(a, b), 1e-6) << (fused ? "fused" : "unfused");
     EXPECT_GT(xfuser::testing::max_rel_error(a, plain), 1e-3) << "the adapter changed nothing";
   }
+}
+
+}  // namespace
+
+namespace {
+
+std::string quoted(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+// xfuser-run end to end: --lora PATH:SCALE from the command line gives diffusers' final latents
+// (from the case's initial latents through --latents), records the adapter in the PNG text, and
+// a missing file or an unknown mode is refused with a non-zero exit.
+TEST(Lora, XfuserRunLoraFlags) {
+  const std::string name = "flux-tiny";
+  const fs::path root = lora_root(name);
+  const fs::path dir = root / "ab";
+  XF_REQUIRE_FIXTURE(dir);
+  const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / name;
+  const auto c = xfuser::testing::read_json(dir / "case.json");
+  const std::string binary = (xfuser::testing::binary_dir() / "bin" / "xfuser-run").string();
+  xfuser::testing::TempDir out("xfuser-lora-run");
+  std::string args =
+      " --model_path " + quoted(folder.string()) + " --prompt " +
+      quoted(c["prompt"].get<std::string>()) + " --height " +
+      std::to_string(c["height"].get<int>()) + " --width " + std::to_string(c["width"].get<int>()) +
+      " --num_inference_steps " + std::to_string(c["num_inference_steps"].get<int>()) +
+      " --guidance_scale " + std::to_string(c["guidance_scale"].get<double>()) +
+      " --max_sequence_length " + std::to_string(c["max_sequence_length"].get<int>()) +
+      " --dtype fp32 --save_latents --latents " + quoted((dir / "latents.safetensors").string());
+  for (const auto& a : c["lora"]["adapters"]) {
+    args += " --lora " + quoted((root / a["file"].get<std::string>()).string() + ":" +
+                                std::to_string(a["scale"].get<double>()));
+  }
+  for (const char* mode : {"fused", "unfused"}) {
+    SCOPED_TRACE(mode);
+    const fs::path o = out / mode;
+    std::string log;
+    ASSERT_EQ(xfuser::testing::run_command(binary + args + " --lora_mode " + mode +
+                                               " --output_directory " + quoted(o.string()),
+                                           &log),
+              0)
+        << log;
+    fs::path png, latents;
+    for (const auto& e : fs::directory_iterator(o)) {
+      const std::string f = e.path().filename().string();
+      if (f.size() > 4 && f.compare(f.size() - 4, 4, ".png") == 0) png = e.path();
+      if (f.find(".latents.safetensors") != std::string::npos) latents = e.path();
+    }
+    ASSERT_FALSE(png.empty()) << log;
+    std::map<std::string, std::string> text;
+    xfuser::runner::read_png(png, &text);
+    EXPECT_EQ(text["lora"].rfind(mode, 0), 0u) << text["lora"];
+    EXPECT_NE(text["lora"].find("a.safetensors@"), std::string::npos) << text["lora"];
+    EXPECT_NE(text["lora"].find("b.safetensors@"), std::string::npos) << text["lora"];
+    EXPECT_NE(text["lora"].find(":-0.5"), std::string::npos) << text["lora"];
+    const at::Tensor got = models::SafetensorsFile(latents.string()).get("final_latents");
+    const at::Tensor want =
+        models::SafetensorsFile((dir / "final.safetensors").string()).get("latents");
+    EXPECT_LE(xfuser::testing::max_rel_error(got, want), 1e-4);
+  }
+  std::string log;
+  EXPECT_NE(xfuser::testing::run_command(binary + " --model_path " + quoted(folder.string()) +
+                                             " --prompt x --lora /nonexistent/style.safetensors",
+                                         &log),
+            0);
+  EXPECT_NE(log.find("/nonexistent/style.safetensors: no such file"), std::string::npos) << log;
+  EXPECT_NE(xfuser::testing::run_command(binary + " --model_path " + quoted(folder.string()) +
+                                             " --prompt x --lora_mode half",
+                                         &log),
+            0);
+  EXPECT_NE(log.find("--lora_mode"), std::string::npos) << log;
 }
 
 }  // namespace
