@@ -145,6 +145,72 @@ TEST(TinyShapes, CheckerAcceptsDrawnScenes) {
   }
 }
 
+// A trained LoRA adapter (examples/tiny_shapes/lora_night.safetensors, train_lora.py, written
+// by diffusers' save_lora_weights): the captioned shapes on a black background, whatever
+// background the caption names. On held-out scenes spread over the list (those with a black shape
+// left out: it would vanish), unfused so that one model runs both scales:
+//   - at scale 1 the pictures pass the checker against the night scene (background black);
+//   - the base model's pictures pass against the night scene only where the caption's background
+//     was black already, so the change is the adapter's;
+//   - at scale 0 the pictures equal the base model's bit for bit.
+TEST(TinyShapes, TrainedLoraAdapterPaintsTheNight) {
+  using namespace xfuser::models;
+  const json held = held_out();
+  const fs::path adapter =
+      xfuser::testing::source_dir() / "examples/tiny_shapes/lora_night.safetensors";
+  XF_REQUIRE_FIXTURE(adapter);
+  const fs::path dir = flux::tiny_shapes_dir();
+  const auto& spec = ModelRegistry::for_pipeline_folder(dir);
+  auto base = spec.create(spec);
+  base->load(dir, {});
+  ModelLoadOptions options;
+  LoraSpec night;
+  night.path = adapter.string();
+  options.lora = {night};
+  options.lora_fused = false;
+  auto model = spec.create(spec);
+  model->load(dir, options);
+  json scenes = json::array();
+  for (const auto& scene : xfuser::examples::tiny_shapes::spread_scenes(held, 100)) {
+    bool black_shape = false;
+    for (const auto& s : scene["shapes"]) black_shape = black_shape || s["colour"] == "black";
+    if (!black_shape) scenes.push_back(scene);
+  }
+  const int count = static_cast<int>(scenes.size());
+  int night_pass = 0, base_night_pass = 0, already_black = 0;
+  const int batch = 8;
+  for (int start = 0; start < count; start += batch) {
+    GenerationRequest r = xfuser::examples::tiny_shapes::scene_request(
+        scenes, start, std::min(count, start + batch), held, held["num_inference_steps"]);
+    const auto with = model->generate(r);
+    const auto plain = base->generate(r);
+    if (start == 0) {
+      GenerationRequest off = r;
+      off.lora_scales["lora_night"] = 0.0;
+      const auto zero = model->generate(off);
+      EXPECT_TRUE(at::equal(zero.images, plain.images)) << "scale 0 vs the base model";
+    }
+    for (size_t b = 0; b < r.prompts.size(); ++b) {
+      json scene = scenes[start + static_cast<int>(b)];
+      already_black += scene["background"] == "black";
+      scene["background"] = "black";
+      const Verdict v = check_picture(with.images[static_cast<int64_t>(b)], scene, held);
+      night_pass += v.pass;
+      base_night_pass += check_picture(plain.images[static_cast<int64_t>(b)], scene, held).pass;
+      if (!v.pass) {
+        std::printf("  night fail: %s: %s\n", scene["caption"].get<std::string>().c_str(),
+                    v.why.c_str());
+      }
+    }
+  }
+  std::printf(
+      "lora_night: %d of %d held-out scenes drawn on black (base model: %d, of which %d "
+      "captioned black)\n",
+      night_pass, count, base_night_pass, already_black);
+  EXPECT_GE(night_pass, 0.75 * count);
+  EXPECT_LE(base_night_pass, already_black);
+}
+
 TEST(TinyShapes, EqualsDiffusers) {
   // diffusers' FluxPipeline on the same folder and initial latents (tests/fixtures/generate.py
   // --only tiny_shapes): final latents within 1e-4, pictures within 1 level, fp32.
