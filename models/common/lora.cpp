@@ -18,14 +18,16 @@
 namespace xfuser::models {
 namespace {
 
-bool lora_starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+bool lora_starts_with(const std::string& s, const std::string& p) {
+  return s.compare(0, p.size(), p) == 0;
+}
 bool lora_ends_with(const std::string& s, const std::string& p) {
   return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
 }
 
 // Components an adapter file may name, as diffusers' loaders prefix them.
 const std::vector<std::string>& known_components() {
-  static const std::vector<std::string> names = {"transformer", "transformer_2", "text_encoder",
+  static const std::vector<std::string> names = {"transformer",    "transformer_2",  "text_encoder",
                                                  "text_encoder_2", "text_encoder_3", "unet"};
   return names;
 }
@@ -100,8 +102,8 @@ PeftScaling read_scaling(const LoraFile& file, const std::string& component) {
   }
   auto number = [&](const std::string& field) {
     const auto f = meta.find(p + field);
-    XF_CHECK(f != meta.end() && f->is_number(), file.path, ": lora_adapter_metadata has no number '",
-             p, field, "'");
+    XF_CHECK(f != meta.end() && f->is_number(), file.path,
+             ": lora_adapter_metadata has no number '", p, field, "'");
     return f->get<double>();
   };
   s.present = true;
@@ -162,7 +164,8 @@ LoraFile read_lora_file(const std::string& path) {
 bool is_peft_layout(const LoraFile& file) {
   for (const auto& [key, t] : file.tensors) {
     if (lora_ends_with(key, ".lora_A.weight") || lora_ends_with(key, ".lora_B.weight") ||
-        lora_ends_with(key, ".lora.down.weight") || lora_ends_with(key, ".lora_linear_layer.down.weight")) {
+        lora_ends_with(key, ".lora.down.weight") ||
+        lora_ends_with(key, ".lora_linear_layer.down.weight")) {
       continue;
     }
     bool ok = false;
@@ -170,7 +173,8 @@ bool is_peft_layout(const LoraFile& file) {
     if (!ok) return false;
   }
   return std::any_of(file.tensors.begin(), file.tensors.end(), [](const auto& kv) {
-    return lora_ends_with(kv.first, ".lora_A.weight") || lora_ends_with(kv.first, ".lora.down.weight") ||
+    return lora_ends_with(kv.first, ".lora_A.weight") ||
+           lora_ends_with(kv.first, ".lora.down.weight") ||
            lora_ends_with(kv.first, ".lora_linear_layer.down.weight");
   });
 }
@@ -221,7 +225,8 @@ void convert_peft(const LoraFile& file, LoraAdapter& adapter) {
            "adapter file names its components for every key or for none");
   if (std::any_of(layers.begin(), layers.end(),
                   [](const auto& kv) { return kv.first.first == "unet"; })) {
-    XF_THROW(file.path, ": this adapter is for a UNet model (keys under 'unet.'); xfuser runs "
+    XF_THROW(file.path,
+             ": this adapter is for a UNet model (keys under 'unet.'); xfuser runs "
              "diffusion transformers");
   }
   std::map<std::string, PeftScaling> scalings;
@@ -232,9 +237,10 @@ void convert_peft(const LoraFile& file, LoraAdapter& adapter) {
              "down weight (lora_A)");
     XF_CHECK(p.up.defined(), file.path, ": module '", where, "' (key '", p.key,
              "') has no up weight (lora_B)");
-    XF_CHECK(p.down.dim() == 2 && p.up.dim() == 2, file.path, ": module '", where,
-             "': LoRA of a ", p.down.dim() == 4 ? "convolution" : "non-Linear layer",
-             " (down ", shape_string(p.down.sizes()), ") is not supported; xfuser adapts Linear "
+    XF_CHECK(p.down.dim() == 2 && p.up.dim() == 2, file.path, ": module '", where, "': LoRA of a ",
+             p.down.dim() == 4 ? "convolution" : "non-Linear layer", " (down ",
+             shape_string(p.down.sizes()),
+             ") is not supported; xfuser adapts Linear "
              "layers");
     const int64_t r = p.down.size(0);
     XF_CHECK(p.up.size(1) == r, file.path, ": module '", where, "': rank mismatch, down (lora_A) ",
@@ -443,7 +449,7 @@ LoraAdapter read_lora_adapter(const LoraSpec& spec, const std::vector<LoraLayout
 }
 
 std::map<std::string, std::vector<LoraBranch>> plan_lora(Module& module, const std::string& prefix,
-                                                        const ComponentLora& lora, bool partial) {
+                                                         const ComponentLora& lora, bool partial) {
   std::map<std::string, ParamSlot*> slots;
   for (auto& [name, slot] : module.named_parameters()) slots.emplace(name, slot);
   // transformers 5 saves CLIP text models without "text_model."; an adapter may name the layer
@@ -485,9 +491,8 @@ std::map<std::string, std::vector<LoraBranch>> plan_lora(Module& module, const s
     if (missing) continue;
     XF_CHECK(row == u.up.size(0), file, ": key '", u.key, "' does not fit: lora_B ",
              shape_string(u.up.sizes()), " has ", u.up.size(0), " output rows but ",
-             u.modules.size() == 1 ? "the layer has " : "the layers together have ", row,
-             " (", lora.component, ".", u.modules.front(), u.modules.size() > 1 ? ", ..." : "",
-             ")");
+             u.modules.size() == 1 ? "the layer has " : "the layers together have ", row, " (",
+             lora.component, ".", u.modules.front(), u.modules.size() > 1 ? ", ..." : "", ")");
     int64_t offset = 0;
     for (const auto& [name, rows] : targets) {
       LoraBranch b;

@@ -41,17 +41,18 @@ class TensorSource;
 // and take consecutive rows of the up projection, in order (a fused projection in the file, as
 // BFL's qkv over diffusers' to_q / to_k / to_v, splits by the modules' output features).
 struct LoraUpdate {
-  std::string key;                   // the file's key it came from (for errors)
-  std::vector<std::string> modules;  // module names in the component: "transformer_blocks.0.attn.to_q"
-  at::Tensor down;                   // [r, in], float32
-  at::Tensor up;                     // [sum of the modules' out, r], float32
-  at::Tensor up_bias;                // [sum of out] or undefined
-  double factor = 1.0;               // alpha / r (alpha / sqrt(r) for rsLoRA)
+  std::string key;  // the file's key it came from (for errors)
+  std::vector<std::string>
+      modules;          // module names in the component: "transformer_blocks.0.attn.to_q"
+  at::Tensor down;      // [r, in], float32
+  at::Tensor up;        // [sum of the modules' out, r], float32
+  at::Tensor up_bias;   // [sum of out] or undefined
+  double factor = 1.0;  // alpha / r (alpha / sqrt(r) for rsLoRA)
 };
 
 // One adapter file, converted.
 struct LoraAdapter {
-  std::string name;    // unique within a run: the file's stem unless given
+  std::string name;  // unique within a run: the file's stem unless given
   std::string path;
   std::string layout;  // "diffusers", or the family layout it was converted from
   // Updates by the component they adapt ("transformer", "text_encoder", ...).
@@ -147,7 +148,7 @@ struct ComponentLora {
 // key and module: a module the model does not have (unless `partial`: a pipeline stage holds
 // only some blocks), a layer that is not Linear, a shape that does not fit.
 std::map<std::string, std::vector<LoraBranch>> plan_lora(Module& module, const std::string& prefix,
-                                                        const ComponentLora& lora, bool partial);
+                                                         const ComponentLora& lora, bool partial);
 
 // A TensorSource with the planned updates fused into the tensors it hands out (get and
 // get_slice: only the rows or columns asked for are computed). Returns float32 for fused names.

@@ -15,7 +15,8 @@ namespace {
 // BFL projection lists the diffusers modules its output rows split into, in order (qkv: to_q,
 // to_k, to_v; a single block's linear1: to_q, to_k, to_v, proj_mlp).
 std::vector<std::string> bfl_modules(const std::string& name) {
-  static const std::regex dbl("double_blocks_([0-9]+)_(img|txt)_(attn_qkv|attn_proj|mlp_0|mlp_2|mod_lin)");
+  static const std::regex dbl(
+      "double_blocks_([0-9]+)_(img|txt)_(attn_qkv|attn_proj|mlp_0|mlp_2|mod_lin)");
   static const std::regex sgl("single_blocks_([0-9]+)_(linear1|linear2|modulation_lin)");
   std::smatch m;
   if (std::regex_match(name, m, dbl)) {
@@ -67,8 +68,8 @@ void convert_kohya(const LoraFile& file, LoraAdapter& adapter) {
   LoraKeys keys(file);
   for (const auto& [key, t] : file.tensors) {
     const std::string suffix = ".lora_down.weight";
-    if (key.size() <= suffix.size() || key.compare(key.size() - suffix.size(), suffix.size(),
-                                                   suffix) != 0) {
+    if (key.size() <= suffix.size() ||
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
     }
     const std::string base = key.substr(0, key.size() - suffix.size());
@@ -77,8 +78,8 @@ void convert_kohya(const LoraFile& file, LoraAdapter& adapter) {
       if (name == "final_layer_adaLN_modulation_1") {
         // BFL's final modulation is (shift, scale); diffusers' norm_out.linear is (scale,
         // shift): the up rows swap halves.
-        XF_CHECK(keys.take_pair(adapter, "transformer", base, {"norm_out.linear"}), file.path,
-                 ": ", key);
+        XF_CHECK(keys.take_pair(adapter, "transformer", base, {"norm_out.linear"}), file.path, ": ",
+                 key);
         at::Tensor& up = adapter.components["transformer"].back().up;
         const auto halves = up.chunk(2, 0);
         up = at::cat({halves[1], halves[0]}, 0);

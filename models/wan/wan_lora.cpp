@@ -14,13 +14,14 @@ namespace {
 // A Wan module name in the original checkpoint's terms ("blocks.3.self_attn.q", "head.head") ->
 // WanTransformer3DModel's ("blocks.3.attn1.to_q", "proj_out"); empty when unknown.
 std::string diffusers_module(const std::string& name) {
-  static const std::regex attn("blocks\\.([0-9]+)\\.(self_attn|cross_attn)\\.(q|k|v|o|k_img|v_img)");
+  static const std::regex attn(
+      "blocks\\.([0-9]+)\\.(self_attn|cross_attn)\\.(q|k|v|o|k_img|v_img)");
   static const std::regex ffn("blocks\\.([0-9]+)\\.ffn\\.(0|2)");
   std::smatch m;
   if (std::regex_match(name, m, attn)) {
     static const std::map<std::string, std::string> proj = {
-        {"q", "to_q"}, {"k", "to_k"}, {"v", "to_v"}, {"o", "to_out.0"},
-        {"k_img", "add_k_proj"}, {"v_img", "add_v_proj"}};
+        {"q", "to_q"},     {"k", "to_k"},           {"v", "to_v"},
+        {"o", "to_out.0"}, {"k_img", "add_k_proj"}, {"v_img", "add_v_proj"}};
     if (m[2] == "self_attn" && (m[3] == "k_img" || m[3] == "v_img")) return "";
     return "blocks." + m[1].str() + (m[2] == "self_attn" ? ".attn1." : ".attn2.") +
            proj.at(m[3].str());
@@ -78,7 +79,8 @@ void convert_original(const LoraFile& file, LoraAdapter& adapter) {
 
 void convert_musubi(const LoraFile& file, LoraAdapter& adapter) {
   LoraKeys keys(file);
-  static const std::regex block("lora_unet_blocks_([0-9]+)_(self_attn|cross_attn)_(q|k|v|o|k_img|v_img)");
+  static const std::regex block(
+      "lora_unet_blocks_([0-9]+)_(self_attn|cross_attn)_(q|k|v|o|k_img|v_img)");
   static const std::regex ffn("lora_unet_blocks_([0-9]+)_ffn_(0|2)");
   const std::string suffix = ".lora_down.weight";
   for (const auto& [key, t] : file.tensors) {
