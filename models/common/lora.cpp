@@ -448,8 +448,8 @@ LoraAdapter read_lora_adapter(const LoraSpec& spec, const std::vector<LoraLayout
   return adapter;
 }
 
-std::map<std::string, std::vector<LoraBranch>> plan_lora(Module& module, const std::string& prefix,
-                                                         const ComponentLora& lora, bool partial) {
+std::map<std::string, std::vector<LoraBranch>> plan_lora(Module& module, const ComponentLora& lora,
+                                                         bool partial) {
   std::map<std::string, ParamSlot*> slots;
   for (auto& [name, slot] : module.named_parameters()) slots.emplace(name, slot);
   // transformers 5 saves CLIP text models without "text_model."; an adapter may name the layer
@@ -513,7 +513,6 @@ std::map<std::string, std::vector<LoraBranch>> plan_lora(Module& module, const s
       offset += rows;
     }
   }
-  (void)prefix;
   return plan;
 }
 

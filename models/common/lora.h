@@ -143,16 +143,16 @@ struct ComponentLora {
   c10::Device device = c10::Device(c10::kCPU);
 };
 
-// The branches of each parameter name ("<module>.weight", and "<module>.bias" for lora_B
-// biases) of `module` under `prefix`. Errors (before any weight is read) name the adapter's file,
-// key and module: a module the model does not have (unless `partial`: a pipeline stage holds
-// only some blocks), a layer that is not Linear, a shape that does not fit.
-std::map<std::string, std::vector<LoraBranch>> plan_lora(Module& module, const std::string& prefix,
-                                                         const ComponentLora& lora, bool partial);
+// The branches of each parameter name of `module` ("<module>.weight", and "<module>.bias" for
+// lora_B biases when fused). Errors (before any weight is read) name the adapter's file, key and
+// module: a module the model does not have (unless `partial`: a pipeline stage holds only some
+// blocks), a layer that is not Linear, a shape that does not fit.
+std::map<std::string, std::vector<LoraBranch>> plan_lora(Module& module, const ComponentLora& lora,
+                                                         bool partial);
 
 // A TensorSource with the planned updates fused into the tensors it hands out (get and
-// get_slice: only the rows or columns asked for are computed). Returns float32 for fused names.
-class LoraFusedSource;
+// get_slice: only the rows or columns asked for are computed), float32 for those names. `prefix`
+// is the one Module::load prepends to the parameter names.
 std::unique_ptr<TensorSource> make_lora_fused_source(
     const TensorSource& base, const std::string& prefix,
     const std::map<std::string, std::vector<LoraBranch>>& plan);

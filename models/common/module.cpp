@@ -179,7 +179,7 @@ void Module::load(const TensorSource& given_source, c10::ScalarType dtype,
   std::map<std::string, std::vector<LoraBranch>> lora_plan;
   std::unique_ptr<TensorSource> fused_source;
   if (options.lora && !options.lora->entries.empty()) {
-    lora_plan = plan_lora(*this, prefix, *options.lora, options.allow_unexpected);
+    lora_plan = plan_lora(*this, *options.lora, options.allow_unexpected);
     if (options.lora->fused) {
       fused_source = make_lora_fused_source(given_source, prefix, lora_plan);
     }

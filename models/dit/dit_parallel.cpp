@@ -76,7 +76,7 @@ std::shared_ptr<DiTTransformer> load_dit_transformer(
   if (options.lora && !whole) {
     // A stage holds some blocks only: check the adapters against the whole model first.
     auto all = factory_for(folder)(folder.config, folder.config_path, DiTPart{}, TensorParallel{});
-    plan_lora(*all, "", *options.lora, /*partial=*/false);
+    plan_lora(*all, *options.lora, /*partial=*/false);
   }
   model->load(*folder.weights, dtype, "", options);
   if (tp.size > 1) model->set_tensor_parallel_ops(tensor_parallel_ops(groups->tp()));
