@@ -22,6 +22,7 @@
 #include "backends/error.h"
 #include "models/common/component.h"
 #include "models/common/kernels.h"
+#include "models/lora_adapters.h"
 #include "models/registry.h"
 #include "models/weights/component_folder.h"
 #include "parallel/process_groups.h"
@@ -238,58 +239,11 @@ std::shared_ptr<const ComponentLora> XFuserModel::component_lora(const std::stri
 }
 
 void XFuserModel::load_lora_adapters(const ModelLoadOptions& options) {
-  lora_adapters_.clear();
-  lora_load_scales_.clear();
-  lora_scales_.clear();
-  component_lora_.clear();
-  if (options.lora.empty()) return;
-  const Family& family = family_of(spec_);
-  std::map<std::string, std::shared_ptr<ComponentLora>> parts;
-  std::set<std::string> names;
-  for (const LoraSpec& given : options.lora) {
-    const std::string flag = given.target.empty() ? "--lora" : "--lora_2";
-    LoraSpec spec = given;
-    if (spec.name.empty()) {
-      const std::string stem = std::filesystem::path(spec.path).stem().string();
-      spec.name = stem;
-      for (int i = 2; names.count(spec.name); ++i) spec.name = stem + "_" + std::to_string(i);
-    }
-    XF_CHECK(!names.count(spec.name), flag, " ", spec.path, ": an adapter named '", spec.name,
-             "' is already loaded");
-    names.insert(spec.name);
-    auto adapter = std::make_shared<LoraAdapter>(read_lora_adapter(spec, family.lora_layouts));
-    auto scale = std::make_shared<double>(spec.scale);
-    for (const auto& [component, updates] : adapter->components) {
-      std::string target = component;
-      if (!spec.target.empty()) {
-        XF_CHECK(component == "transformer", flag, " ", spec.path, ": the adapter adapts '",
-                 component, "'; ", flag, " loads an adapter's transformer part into ", spec.target,
-                 " only (give text-encoder adapters with --lora)");
-        target = spec.target;
-      }
-      const auto& allowed = family.lora_components;
-      XF_CHECK(std::find(allowed.begin(), allowed.end(), target) != allowed.end(), flag, " ",
-               spec.path, ": the adapter adapts '", target, "' (",
-               target == component ? "" : "its transformer part, as " + flag + " asks; ",
-               updates.front().key, "), but adapters for ", spec_.id, " adapt only: ", [&] {
-                 std::string s;
-                 for (const auto& a : allowed) s += (s.empty() ? "" : ", ") + a;
-                 return s;
-               }());
-      auto& part = parts[target];
-      if (!part) {
-        part = std::make_shared<ComponentLora>();
-        part->component = target;
-        part->fused = options.lora_fused;
-        part->device = options.device;
-      }
-      for (const auto& u : updates) part->entries.push_back({adapter.get(), &u, scale});
-    }
-    lora_adapters_.push_back(adapter);
-    lora_load_scales_.push_back(spec.scale);
-    lora_scales_.push_back(scale);
-  }
-  for (auto& [name, part] : parts) component_lora_[name] = part;
+  RunLora lora = read_run_lora(spec_, options.lora, options.lora_fused, options.device);
+  lora_adapters_ = std::move(lora.adapters);
+  lora_load_scales_ = std::move(lora.load_scales);
+  lora_scales_ = std::move(lora.scales);
+  component_lora_ = std::move(lora.components);
 }
 
 void XFuserModel::set_lora_scales(const GenerationRequest& request) {

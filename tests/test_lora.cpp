@@ -459,7 +459,8 @@ std::string quoted(const std::string& s) {
 
 // xfuser-run end to end: --lora PATH:SCALE from the command line gives diffusers' final latents
 // (from the case's initial latents through --latents), records the adapter in the PNG text, and
-// a missing file or an unknown mode is refused with a non-zero exit.
+// a missing file or an unknown mode is refused with a non-zero exit; `xfuser validate` checks the
+// adapters against the components.
 TEST(Lora, XfuserRunLoraFlags) {
   const std::string name = "flux-tiny";
   const fs::path root = lora_root(name);
@@ -508,7 +509,21 @@ TEST(Lora, XfuserRunLoraFlags) {
         models::SafetensorsFile((dir / "final.safetensors").string()).get("latents");
     EXPECT_LE(xfuser::testing::max_rel_error(got, want), 1e-4);
   }
+  // `xfuser validate` reads the adapters and checks them against the components, loading no
+  // weight data: the run's adapters pass, a Wan adapter given to FLUX.1 fails naming its module.
+  const std::string tool = (xfuser::testing::binary_dir() / "bin" / "xfuser").string();
   std::string log;
+  EXPECT_EQ(xfuser::testing::run_command(tool + " validate" + args, &log), 0) << log;
+  EXPECT_NE(log.find("transformer: LoRA ok"), std::string::npos) << log;
+  EXPECT_NE(log.find("text_encoder: LoRA ok"), std::string::npos) << log;
+  const fs::path wan = lora_root("wan-t2v-tiny") / "adapters" / "a.safetensors";
+  EXPECT_NE(
+      xfuser::testing::run_command(tool + " validate --model_path " + quoted(folder.string()) +
+                                       " --prompt x --lora " + quoted(wan.string()),
+                                   &log),
+      0);
+  EXPECT_NE(log.find("which the model (transformer) does not have"), std::string::npos) << log;
+  EXPECT_NE(log.find("blocks.0.attn"), std::string::npos) << log;
   EXPECT_NE(xfuser::testing::run_command(binary + " --model_path " + quoted(folder.string()) +
                                              " --prompt x --lora /nonexistent/style.safetensors",
                                          &log),

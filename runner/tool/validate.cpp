@@ -1,10 +1,12 @@
 // `xfuser validate <xfuser-run flags> [--world_size N]`: checks a run without running it: flags
 // and values, the model's capabilities, the degrees against the world size, the pipeline folder,
-// every component's config and weight headers against the model's parameters, the tokenizers.
+// every component's config and weight headers against the model's parameters, the LoRA adapters
+// against the components they adapt, the tokenizers.
 // Weights are memory-mapped views, so no tensor data is read.
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <set>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -12,6 +14,7 @@
 #include "backends/error.h"
 #include "models/common/component.h"
 #include "models/image/clip_image_processor.h"
+#include "models/lora_adapters.h"
 #include "models/registry.h"
 #include "models/tokenizers/tokenizer.h"
 #include "models/weights/component_folder.h"
@@ -54,6 +57,11 @@ void validate(const CLI::App& cmd, const RunConfig& config, int world_size) {
     }
   }
   models::register_builtin_components();
+  // LoRA adapters: read as the run reads them, and planned against each adapted component's
+  // declared parameters (names, Linear layers, shapes), as its load would.
+  const models::RunLora lora =
+      models::read_run_lora(*args.spec, args.lora, args.lora_fused, c10::Device(c10::kCPU));
+  std::set<std::string> adapted;
   for (const auto& [name, entry] : index.items()) {
     if (name.empty() || name[0] == '_' || !entry.is_array()) continue;
     // [null, null]: a component the pipeline class has but this folder leaves out.
@@ -68,6 +76,13 @@ void validate(const CLI::App& cmd, const RunConfig& config, int world_size) {
       auto component = models::load_component(sub.string(), dtype);
       std::cout << name << ": ok (" << component->class_name() << ", "
                 << component->num_parameters() << " parameters)\n";
+      if (auto it = lora.components.find(name); it != lora.components.end()) {
+        XF_CONTEXT("checking the LoRA adapters of ", sub.string());
+        const auto plan = models::plan_lora(*component, *it->second, /*partial=*/false);
+        std::cout << name << ": LoRA ok (" << it->second->entries.size() << " updates of "
+                  << plan.size() << " parameters)\n";
+        adapted.insert(name);
+      }
     } else if (fs::exists(sub / "vocab.json") || fs::exists(sub / "spiece.model") ||
                fs::exists(sub / "tokenizer.json") || fs::exists(sub / "tokenizer_config.json")) {
       // CLIP / GPT-2 BPE, sentencepiece, a tokenizers-library file alone (Llama's fast
@@ -92,6 +107,11 @@ void validate(const CLI::App& cmd, const RunConfig& config, int world_size) {
                " (listed in model_index.json) has no config.json, tokenizer files, "
                "scheduler_config.json, preprocessor_config.json or guider_config.json");
     }
+  }
+  for (const auto& [name, part] : lora.components) {
+    XF_CHECK(adapted.count(name), "--lora ", part->entries.front().adapter->path,
+             ": the adapter adapts '", name, "', which ", args.spec->id, " (", dir.string(),
+             ") does not load");
   }
   std::cout << "valid\n";
 }
