@@ -25,6 +25,7 @@
 #include "models/weights/tensor_source.h"
 #include "models/xfuser_model.h"
 #include "runner/outputs.h"
+#include "tests/lora_case.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -38,23 +39,8 @@ const std::vector<std::string> kPipelines = {
     "flux-tiny",    "kontext-tiny",   "flux2-tiny",         "sd3-tiny",
     "wan-t2v-tiny", "wan22-t2v-tiny", "hunyuan-video-tiny", "hunyuan_video15-tiny"};
 
-fs::path lora_root(const std::string& pipeline) {
-  return xfuser::testing::fixtures_dir() / "lora-v0.42.1" / pipeline;
-}
-
-std::vector<models::LoraSpec> case_adapters(const fs::path& root, const nlohmann::json& c) {
-  std::vector<models::LoraSpec> out;
-  for (const auto& a : c["lora"]["adapters"]) {
-    models::LoraSpec s;
-    s.path = (root / a["file"].get<std::string>()).string();
-    s.name = a["name"];
-    s.scale = a["scale"];
-    const std::string target = a.value("target", "transformer");
-    if (target != "transformer") s.target = target;
-    out.push_back(s);
-  }
-  return out;
-}
+using xfuser::testing::lora_root;
+const auto& case_adapters = xfuser::testing::lora_case_adapters;
 
 GenerationRequest case_request(const std::string& pipeline, const fs::path& dir) {
   GenerationRequest r = xfuser::testing::reference_case_request(dir);

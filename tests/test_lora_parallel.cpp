@@ -15,6 +15,7 @@
 #include "models/xfuser_model.h"
 #include "parallel/process_groups.h"
 #include "parallel/world_config.h"
+#include "tests/lora_case.h"
 #include "tests/mpi_test_main.h"
 #include "tests/test_util.h"
 
@@ -31,18 +32,7 @@ struct Layout {
   bool fsdp;
 };
 
-std::vector<models::LoraSpec> adapters(const fs::path& root, const nlohmann::json& c) {
-  std::vector<models::LoraSpec> out;
-  for (const auto& a : c["lora"]["adapters"]) {
-    models::LoraSpec s;
-    s.path = (root / a["file"].get<std::string>()).string();
-    s.name = a["name"];
-    s.scale = a["scale"];
-    if (a.value("target", "transformer") != "transformer") s.target = a["target"];
-    out.push_back(s);
-  }
-  return out;
-}
+const auto& adapters = xfuser::testing::lora_case_adapters;
 
 std::unique_ptr<models::XFuserModel> load(const fs::path& folder,
                                           std::vector<models::LoraSpec> lora, bool fused,
@@ -66,7 +56,7 @@ TEST_P(LoraParallel, EveryLayoutEqualsOneRank) {
   const auto& world = xfuser::testing::g_world;
   ASSERT_EQ(world->size(), 2);
   const auto& [name, case_name] = GetParam();
-  const fs::path root = xfuser::testing::fixtures_dir() / "lora-v0.42.1" / name;
+  const fs::path root = xfuser::testing::lora_root(name);
   const fs::path dir = root / case_name;
   XF_REQUIRE_FIXTURE(dir);
   const fs::path folder = xfuser::testing::fixtures_dir() / "pipelines" / name;
