@@ -410,13 +410,51 @@ Runner::Runner(RunConfig config, std::shared_ptr<parallel::ProcessGroups> groups
     : config_(std::move(config)), groups_(std::move(groups)) {}
 Runner::~Runner() = default;
 
-ResolvedArgs Runner::preprocess_args() const {
+namespace {
+
+// Flags this model does not honour are errors, never silently ignored.
+void require_option(const models::ModelSpec& spec, bool given, const std::string& flag) {
+  XF_CHECK(!given || spec.options.count(flag), flag, " is not supported by model ", spec.id);
+}
+
+// The inputs a run or a request sets that not every model reads.
+void check_input_options(const models::ModelSpec& spec, const RunConfig& c) {
+  require_option(spec, !c.negative_prompt.empty(), "--negative_prompt");
+  require_option(spec, c.true_cfg_scale.has_value(), "--true_cfg_scale");
+  require_option(spec, c.guidance_scale.has_value(), "--guidance_scale");
+  require_option(spec, c.max_sequence_length.has_value(), "--max_sequence_length");
+  require_option(spec, c.num_frames.has_value(), "--num_frames");
+  require_option(spec, c.fps.has_value(), "--fps");
+  require_option(spec, c.guidance_scale_2.has_value(), "--guidance_scale_2");
+  require_option(spec, !c.input_images.empty(), "--input_images");
+}
+
+// Prompts are non-empty UTF-8 before anything loads; the offset is the byte's in the prompt as
+// given (the tokenizer would find it later, at an offset into the model's prompt template).
+void check_prompt_texts(const RunConfig& c) {
+  for (size_t i = 0; i < c.prompt.size(); ++i) {
+    XF_CHECK(!c.prompt[i].empty(), "--prompt ", i, " is empty");
+  }
+  for (const auto& [flag, texts] :
+       {std::pair{"--prompt", &c.prompt}, std::pair{"--negative_prompt", &c.negative_prompt}}) {
+    for (size_t i = 0; i < texts->size(); ++i) {
+      size_t offset = 0;
+      XF_CHECK(find_invalid_utf8((*texts)[i], &offset) == 0, flag, " ", i,
+               " is not valid UTF-8 (byte offset ", offset, ")");
+    }
+  }
+}
+
+}  // namespace
+
+ResolvedArgs Runner::resolve_plan() const {
   XF_CHECK(!config_.model.empty() || !config_.model_path.empty(),
            "--model is required, or --model_path with a diffusers pipeline folder (see `xfuser "
            "models` for the list)");
   validate_values(config_);
   ResolvedArgs args;
   args.config = config_;
+  args.given = config_;
   RunConfig& c = args.config;
   // --model_path alone: the folder's pipeline class (model_index.json) picks the model.
   args.spec = c.model.empty() ? &models::ModelRegistry::for_pipeline_folder(c.model_path)
@@ -424,22 +462,11 @@ ResolvedArgs Runner::preprocess_args() const {
   if (!c.task.empty()) args.spec = &task_model(*args.spec, c.task, c.model_path);
   const models::ModelSpec& spec = *args.spec;
 
-  // Flags this model does not honour are errors, never silently ignored.
-  auto require = [&](bool given, const std::string& flag) {
-    XF_CHECK(!given || spec.options.count(flag), flag, " is not supported by model ", spec.id);
-  };
-  require(!c.negative_prompt.empty(), "--negative_prompt");
-  require(c.true_cfg_scale.has_value(), "--true_cfg_scale");
-  require(c.guidance_scale.has_value(), "--guidance_scale");
-  require(c.max_sequence_length.has_value(), "--max_sequence_length");
-  require(c.enable_tiling, "--enable_tiling");
-  require(c.enable_slicing, "--enable_slicing");
-  require(c.num_frames.has_value(), "--num_frames");
-  require(c.fps.has_value(), "--fps");
-  require(c.flow_shift.has_value(), "--flow_shift");
-  require(c.flow_sigmas.has_value(), "--flow_sigmas");
-  require(c.guidance_scale_2.has_value(), "--guidance_scale_2");
-  require(!c.input_images.empty(), "--input_images");
+  check_input_options(spec, c);
+  require_option(spec, c.enable_tiling, "--enable_tiling");
+  require_option(spec, c.enable_slicing, "--enable_slicing");
+  require_option(spec, c.flow_shift.has_value(), "--flow_shift");
+  require_option(spec, c.flow_sigmas.has_value(), "--flow_sigmas");
   const bool video = spec.defaults.num_frames > 0;
   XF_CHECK(video || c.output_type == "video" /* the default */, "--output_type ", c.output_type,
            " is for video models; ", spec.id, " writes images");
@@ -458,78 +485,9 @@ ResolvedArgs Runner::preprocess_args() const {
   require_par(c.data_parallel_degree > 1, par.data_parallel, "--data_parallel_degree");
   require_par(c.use_cfg_parallel, par.cfg_parallel, "--use_cfg_parallel");
   require_par(c.use_parallel_vae, par.parallel_vae, "--use_parallel_vae");
+  check_prompt_texts(c);
 
-  const bool dataset = !c.dataset_path.empty();
-  XF_CHECK(!dataset || c.prompt.empty(), "--prompt and --dataset_path are exclusive: give one");
-  XF_CHECK(!dataset || c.batch_size.has_value(),
-           "--dataset_path needs --batch_size (prompts denoised together per step)");
-  XF_CHECK(!c.resume || dataset,
-           "--resume needs --dataset_path (it skips finished outputs of a "
-           "dataset run)");
-  XF_CHECK(dataset || !c.prompt.empty(), "--prompt is required (or --dataset_path)");
-  for (size_t i = 0; i < c.prompt.size(); ++i) {
-    XF_CHECK(!c.prompt[i].empty(), "--prompt ", i, " is empty");
-  }
-  // Text must be UTF-8 before anything loads; the offset is the byte's in the prompt as given
-  // (the tokenizer would find it later, at an offset into the model's prompt template).
-  for (const auto& [flag, texts] :
-       {std::pair{"--prompt", &c.prompt}, std::pair{"--negative_prompt", &c.negative_prompt}}) {
-    for (size_t i = 0; i < texts->size(); ++i) {
-      size_t offset = 0;
-      XF_CHECK(find_invalid_utf8((*texts)[i], &offset) == 0, flag, " ", i,
-               " is not valid UTF-8 (byte offset ", offset, ")");
-    }
-  }
-  XF_CHECK(c.negative_prompt.empty() || c.negative_prompt.size() == 1 ||
-               (!dataset && c.negative_prompt.size() == c.prompt.size()),
-           "--negative_prompt: give one, or one per --prompt (", c.prompt.size(), "), got ",
-           c.negative_prompt.size());
-
-  models::ModelDefaults d = spec.defaults;
-  if (spec.folder_defaults) spec.folder_defaults(resolve_model_dir(args), d);
-  // The pictures, read once (errors name the file).
-  std::vector<at::Tensor> pictures;
-  set_max_image_pixels(c.max_input_pixels);
-  for (const auto& file : c.input_images) {
-    pictures.push_back(read_image(file));
-    args.input_image_digests.push_back(file_digest(file));
-  }
-  if (!c.latents.empty()) args.latents_digest = file_digest(c.latents);
-  if (spec.size_from_picture && !pictures.empty()) {
-    const auto [h, w] =
-        spec.size_from_picture(resolve_model_dir(args), pictures[0].size(0), pictures[0].size(1));
-    // A picture too small to give a size is named, not reported as a --height nobody gave.
-    for (auto [side, given, derived] : {std::tuple{"height", c.height.has_value(), h},
-                                        std::tuple{"width", c.width.has_value(), w}}) {
-      XF_CHECK(given || derived > 0, "--input_images ", c.input_images[0], " is ",
-               pictures[0].size(1), "x", pictures[0].size(0), " pixels: too small for ", spec.id,
-               " to take its output size from (its ", side,
-               " rounds down to 0); give a larger picture, or --height and --width");
-    }
-    if (!c.height) c.height = h;
-    if (!c.width) c.width = w;
-  } else if (spec.task == models::Task::kImageToImage && !c.height && !c.width &&
-             !pictures.empty()) {
-    // Editing models: the output keeps the picture's aspect ratio at the default area (as
-    // FluxKontextPipeline's max_area rule), sides rounded down to multiples of 16.
-    const double aspect = static_cast<double>(pictures[0].size(1)) / pictures[0].size(0);
-    const double area = static_cast<double>(d.height) * d.width;
-    c.width =
-        std::max<int>(16, static_cast<int>(std::nearbyint(std::sqrt(area * aspect))) / 16 * 16);
-    c.height =
-        std::max<int>(16, static_cast<int>(std::nearbyint(std::sqrt(area / aspect))) / 16 * 16);
-  }
-  c.height = c.height.value_or(d.height);
-  c.width = c.width.value_or(d.width);
-  c.num_inference_steps = c.num_inference_steps.value_or(d.num_inference_steps);
-  c.guidance_scale = c.guidance_scale.value_or(d.guidance_scale);
-  c.true_cfg_scale = c.true_cfg_scale.value_or(1.0);
-  c.max_sequence_length = c.max_sequence_length.value_or(d.max_sequence_length);
-  if (video) {
-    c.num_frames = c.num_frames.value_or(d.num_frames);
-    c.fps = c.fps.value_or(d.fps > 0 ? d.fps : 16);
-    if (!c.flow_shift && d.flow_shift > 0) c.flow_shift = d.flow_shift;
-  }
+  resolve_inputs(args);
   if (c.dtype.empty()) c.dtype = backends::dtype_name(default_cpu_dtype());
   args.dtype = backends::parse_dtype(c.dtype);
   args.device = backends::select_device(c.device);
@@ -604,6 +562,88 @@ ResolvedArgs Runner::preprocess_args() const {
         "memory (the offload runs, and its report shows what a GPU would hold)",
         models::offload_mode_name(args.offload));
   }
+  return args;
+}
+
+void Runner::resolve_inputs(ResolvedArgs& args) const {
+  const models::ModelSpec& spec = *args.spec;
+  RunConfig& c = args.config;
+  const bool video = spec.defaults.num_frames > 0;
+  models::ModelDefaults d = spec.defaults;
+  if (spec.folder_defaults) spec.folder_defaults(resolve_model_dir(args), d);
+  // The pictures, read once (errors name the file).
+  std::vector<at::Tensor>& pictures = args.request.input_images;
+  pictures.clear();
+  args.input_image_digests.clear();
+  set_max_image_pixels(c.max_input_pixels);
+  for (const auto& file : c.input_images) {
+    pictures.push_back(read_image(file));
+    args.input_image_digests.push_back(file_digest(file));
+  }
+  if (spec.size_from_picture && !pictures.empty()) {
+    const auto [h, w] =
+        spec.size_from_picture(resolve_model_dir(args), pictures[0].size(0), pictures[0].size(1));
+    // A picture too small to give a size is named, not reported as a --height nobody gave.
+    for (auto [side, given, derived] : {std::tuple{"height", c.height.has_value(), h},
+                                        std::tuple{"width", c.width.has_value(), w}}) {
+      XF_CHECK(given || derived > 0, "--input_images ", c.input_images[0], " is ",
+               pictures[0].size(1), "x", pictures[0].size(0), " pixels: too small for ", spec.id,
+               " to take its output size from (its ", side,
+               " rounds down to 0); give a larger picture, or --height and --width");
+    }
+    if (!c.height) c.height = h;
+    if (!c.width) c.width = w;
+  } else if (spec.task == models::Task::kImageToImage && !c.height && !c.width &&
+             !pictures.empty()) {
+    // Editing models: the output keeps the picture's aspect ratio at the default area (as
+    // FluxKontextPipeline's max_area rule), sides rounded down to multiples of 16.
+    const double aspect = static_cast<double>(pictures[0].size(1)) / pictures[0].size(0);
+    const double area = static_cast<double>(d.height) * d.width;
+    c.width =
+        std::max<int>(16, static_cast<int>(std::nearbyint(std::sqrt(area * aspect))) / 16 * 16);
+    c.height =
+        std::max<int>(16, static_cast<int>(std::nearbyint(std::sqrt(area / aspect))) / 16 * 16);
+  }
+  c.height = c.height.value_or(d.height);
+  c.width = c.width.value_or(d.width);
+  c.num_inference_steps = c.num_inference_steps.value_or(d.num_inference_steps);
+  c.guidance_scale = c.guidance_scale.value_or(d.guidance_scale);
+  c.true_cfg_scale = c.true_cfg_scale.value_or(1.0);
+  c.max_sequence_length = c.max_sequence_length.value_or(d.max_sequence_length);
+  if (video) {
+    c.num_frames = c.num_frames.value_or(d.num_frames);
+    c.fps = c.fps.value_or(d.fps > 0 ? d.fps : 16);
+    if (!c.flow_shift && d.flow_shift > 0) c.flow_shift = d.flow_shift;
+  }
+}
+
+ResolvedArgs Runner::preprocess_args() const {
+  // A run's own inputs first: a missing prompt is named before any model folder is looked for.
+  {
+    const RunConfig& c = config_;
+    XF_CHECK(!c.model.empty() || !c.model_path.empty(),
+             "--model is required, or --model_path with a diffusers pipeline folder (see `xfuser "
+             "models` for the list)");
+    validate_values(c);
+    const bool dataset = !c.dataset_path.empty();
+    XF_CHECK(!dataset || c.prompt.empty(), "--prompt and --dataset_path are exclusive: give one");
+    XF_CHECK(!dataset || c.batch_size.has_value(),
+             "--dataset_path needs --batch_size (prompts denoised together per step)");
+    XF_CHECK(!c.resume || dataset,
+             "--resume needs --dataset_path (it skips finished outputs of a "
+             "dataset run)");
+    XF_CHECK(dataset || !c.prompt.empty(), "--prompt is required (or --dataset_path)");
+  }
+  ResolvedArgs args = resolve_plan();
+  RunConfig& c = args.config;
+  const models::ModelSpec& spec = *args.spec;
+  if (!c.latents.empty()) args.latents_digest = file_digest(c.latents);
+  const bool dataset = !c.dataset_path.empty();
+  XF_CHECK(c.negative_prompt.empty() || c.negative_prompt.size() == 1 ||
+               (!dataset && c.negative_prompt.size() == c.prompt.size()),
+           "--negative_prompt: give one, or one per --prompt (", c.prompt.size(), "), got ",
+           c.negative_prompt.size());
+
   // Flags that would change nothing: one warning each, naming the flag.
   if (!c.negative_prompt.empty() && spec.options.count("--true_cfg_scale") &&
       *c.true_cfg_scale <= 1.0) {
@@ -631,7 +671,7 @@ ResolvedArgs Runner::preprocess_args() const {
       if (!row.negative_prompt && c.negative_prompt.size() == 1) {
         row.negative_prompt = c.negative_prompt[0];
       }
-      require(row.negative_prompt.has_value(), "--negative_prompt");
+      require_option(spec, row.negative_prompt.has_value(), "--negative_prompt");
       negatives.push_back(std::move(row.negative_prompt));
       seeds.push_back(row.seed.value_or(c.seed));
     }
@@ -700,6 +740,65 @@ ResolvedArgs Runner::preprocess_args() const {
     }
   }
 
+  fill_request(args, prompts, negatives, seeds, pending);
+  return args;
+}
+
+ResolvedArgs Runner::resolve_request(const ResolvedArgs& plan, const RequestInputs& in) const {
+  XF_CHECK(plan.spec != nullptr, "Runner::resolve_request needs a plan from resolve_plan()");
+  XF_CHECK(!in.prompts.empty(), "a request needs at least one prompt");
+  XF_CHECK(in.negative_prompts.size() == in.prompts.size() && in.seeds.size() == in.prompts.size(),
+           "a request needs one negative prompt slot and one seed per prompt (", in.prompts.size(),
+           " prompts, ", in.negative_prompts.size(), " negative prompts, ", in.seeds.size(),
+           " seeds)");
+  ResolvedArgs args = plan;
+  args.request = {};
+  args.prompt_indices.clear();
+  args.has_negative.clear();
+  args.input_image_digests.clear();
+  args.latents_digest.clear();
+  args.skipped_prompts = 0;
+  args.batch_size = 0;
+  RunConfig& c = args.config;
+  const RunConfig& g = plan.given;
+  // The request's values, else the plan's flags as given (the model's defaults fill the rest).
+  c.prompt = in.prompts;
+  c.negative_prompt.clear();
+  for (const auto& n : in.negative_prompts) {
+    if (n) c.negative_prompt.push_back(*n);
+  }
+  c.seed = in.seeds.front();
+  c.height = in.height ? in.height : g.height;
+  c.width = in.width ? in.width : g.width;
+  c.num_frames = in.num_frames ? in.num_frames : g.num_frames;
+  c.fps = in.fps ? in.fps : g.fps;
+  c.num_inference_steps = in.num_inference_steps ? in.num_inference_steps : g.num_inference_steps;
+  c.guidance_scale = in.guidance_scale ? in.guidance_scale : g.guidance_scale;
+  c.true_cfg_scale = in.true_cfg_scale ? in.true_cfg_scale : g.true_cfg_scale;
+  c.guidance_scale_2 = in.guidance_scale_2 ? in.guidance_scale_2 : g.guidance_scale_2;
+  c.max_sequence_length = in.max_sequence_length ? in.max_sequence_length : g.max_sequence_length;
+  c.flow_shift = g.flow_shift;
+  c.input_images = in.input_images.empty() ? g.input_images : in.input_images;
+  c.latents.clear();
+  c.dataset_path.clear();
+  c.resume = false;
+  c.batch_size.reset();
+  validate_values(c);
+  check_input_options(*args.spec, c);
+  check_prompt_texts(c);
+  resolve_inputs(args);
+  args.total_prompts = static_cast<int64_t>(in.prompts.size());
+  std::vector<int64_t> rows(in.prompts.size());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
+  fill_request(args, in.prompts, in.negative_prompts, in.seeds, rows);
+  return args;
+}
+
+void Runner::fill_request(ResolvedArgs& args, const std::vector<std::string>& prompts,
+                          const std::vector<std::optional<std::string>>& negatives,
+                          const std::vector<int64_t>& seeds,
+                          const std::vector<int64_t>& pending) const {
+  const RunConfig& c = args.config;
   // Data parallel: prompts strided over the dp groups (prompts[dp_rank::dp], as xDiT); each
   // keeps its global index for its file name, so the union equals a one-rank run.
   auto& r = args.request;
@@ -736,10 +835,8 @@ ResolvedArgs Runner::preprocess_args() const {
   r.flow_shift = c.flow_shift;
   r.flow_sigmas = c.flow_sigmas;
   r.guidance_scale_2 = c.guidance_scale_2;
-  r.input_images = std::move(pictures);
   r.num_pipeline_patch = c.num_pipeline_patch;
   r.pipefusion_warmup_steps = c.pipefusion_warmup_steps;
-  return args;
 }
 
 fs::path resolve_model_dir(const ResolvedArgs& args) {
@@ -1093,6 +1190,29 @@ RunResult Runner::run(const ResolvedArgs& args) {
   return result;
 }
 
+models::GenerationOutput Runner::generate(const ResolvedArgs& args) {
+  XF_CHECK(model_ != nullptr, "Runner::generate called before initialize");
+  auto out = model_->generate(args.request);
+  check_finite(args, out);
+  return out;
+}
+
+std::map<std::string, std::string> Runner::output_text(const ResolvedArgs& args,
+                                                       size_t index) const {
+  XF_CHECK(index < args.request.prompts.size(), "Runner::output_text: prompt ", index, " of ",
+           args.request.prompts.size());
+  std::optional<std::string> negative;
+  if (args.has_negative.size() > index && args.has_negative[index]) {
+    negative = args.request.negative_prompts[index];
+  }
+  return generation_text(args, args.request.prompts[index], negative, args.request.seeds[index]);
+}
+
+models::XFuserModel& Runner::model() {
+  XF_CHECK(model_ != nullptr, "Runner::model called before initialize");
+  return *model_;
+}
+
 void Runner::check_finite(const ResolvedArgs& args, const models::GenerationOutput& out) const {
   if (!out.latents.defined()) return;
   // One reduction over the final latents: a NaN or Inf in any step propagates to them.
@@ -1107,12 +1227,14 @@ void Runner::check_finite(const ResolvedArgs& args, const models::GenerationOutp
 }
 
 fs::path Runner::write_image(const ResolvedArgs& args, size_t i, const at::Tensor& image) const {
-  std::optional<std::string> negative;
-  if (args.has_negative.size() > i && args.has_negative[i]) {
-    negative = args.request.negative_prompts[i];
-  }
   const fs::path path = output_path(args, args.prompt_indices[i]);
-  const auto text = generation_text(args, args.request.prompts[i], negative, args.request.seeds[i]);
+  write_output(args, i, image, path);
+  return path;
+}
+
+void Runner::write_output(const ResolvedArgs& args, size_t i, const at::Tensor& image,
+                          const fs::path& path) const {
+  const auto text = output_text(args, i);
   if (image.dim() == 4) {  // a video [F, H, W, 3]
     XF_CHECK(is_video(args), args.spec->id, " returned a video for an image model");
     if (args.config.output_type == "frames") {
@@ -1123,10 +1245,9 @@ fs::path Runner::write_image(const ResolvedArgs& args, size_t i, const at::Tenso
       }
     }
     write_mp4(path, image, args.config.fps.value_or(16), video_metadata(text));
-    return path;
+    return;
   }
   write_png(path, image, text);
-  return path;
 }
 
 fs::path Runner::write_latents(const ResolvedArgs& args, size_t i,

@@ -36,6 +36,7 @@ namespace xfuser::runner {
 // The effective arguments of a run: the flags with the model's defaults applied.
 struct ResolvedArgs {
   RunConfig config;                         // every optional filled in
+  RunConfig given;                          // the flags as given, before the model's defaults
   const models::ModelSpec* spec = nullptr;  // the registry entry
   models::GenerationRequest request;        // this data-parallel group's prompts
   std::vector<int64_t> prompt_indices;      // their global indices (output file names)
@@ -64,6 +65,26 @@ struct ResolvedArgs {
   std::vector<models::LoraSpec> lora;
   std::vector<std::string> lora_digests;
   bool lora_fused = true;
+};
+
+// What one request of a long-lived process sets (`xfuser serve`): its prompts and the inputs
+// that differ between requests. Unset values take the process's flags, then the model's
+// defaults, as a run's would. Everything else (model, layout, device, dtype, kernels, weights,
+// adapters) is fixed by the plan (Runner::resolve_plan) for the life of the process.
+struct RequestInputs {
+  std::vector<std::string> prompts;
+  std::vector<std::optional<std::string>> negative_prompts;  // one per prompt
+  std::vector<int64_t> seeds;                                // one per prompt
+  std::optional<int> height;
+  std::optional<int> width;
+  std::optional<int> num_frames;
+  std::optional<int> fps;
+  std::optional<int> num_inference_steps;
+  std::optional<double> guidance_scale;
+  std::optional<double> true_cfg_scale;
+  std::optional<double> guidance_scale_2;
+  std::optional<int> max_sequence_length;
+  std::vector<std::string> input_images;  // picture files (PNG or JPEG)
 };
 
 // Communication per group name, then per operation, of one timed iteration.
@@ -95,6 +116,14 @@ class Runner {
   // with --resume checks which outputs are already complete (world rank 0 decides, every rank
   // agrees) and removes the temporary files an interrupted run left; writes nothing.
   ResolvedArgs preprocess_args() const;
+  // The part of preprocess_args fixed for the life of a process: the model and its flag checks,
+  // the layout, device, dtype, attention kernel, weight format, offload, cache and adapters,
+  // resolved and checked once. Its request is empty; resolve_request fills one per request.
+  ResolvedArgs resolve_plan() const;
+  // A plan with one request's inputs: checked as a run's flags would be (errors name the flag),
+  // sizes and defaults filled as a run's, every prompt in one generation (no data-parallel
+  // split). Every rank given the same plan and inputs resolves the same request.
+  ResolvedArgs resolve_request(const ResolvedArgs& plan, const RequestInputs& inputs) const;
   // Finds the weights (--model_path, the embedded tiny model, or the Hugging Face cache), checks
   // the output folder, and loads the model.
   void initialize(const ResolvedArgs& args);
@@ -113,11 +142,33 @@ class Runner {
   std::filesystem::path profile(const ResolvedArgs& args);
   void cleanup();
 
+  // One generation of args.request (after initialize), checked to be finite: what run() times.
+  // Every rank of the job calls it together.
+  models::GenerationOutput generate(const ResolvedArgs& args);
+  // The text chunks xfuser-run records in the output of prompt `index` of args.request.
+  std::map<std::string, std::string> output_text(const ResolvedArgs& args, size_t index) const;
+  // Writes output `index` of args.request (a picture [H, W, 3]: PNG; a video [F, H, W, 3]: MP4,
+  // and with --output_type frames one PNG per frame) to `path`, atomically, with output_text.
+  void write_output(const ResolvedArgs& args, size_t index, const at::Tensor& image,
+                    const std::filesystem::path& path) const;
+  // Whether this rank holds the decoded pictures of its model replica (the rank that writes
+  // them in a run).
+  bool writes_images() const;
+  // The loaded model (after initialize): for a caller's own step callback.
+  models::XFuserModel& model();
+
   // The pipeline folder initialize() loaded from.
   const std::filesystem::path& model_dir() const { return model_dir_; }
 
  private:
-  bool writes_images() const;
+  // preprocess_args / resolve_request: the pictures, the output size and the model's defaults
+  // of args.config's inputs.
+  void resolve_inputs(ResolvedArgs& args) const;
+  // The request of `pending` rows of (prompts, negatives, seeds), strided over the
+  // data-parallel groups.
+  void fill_request(ResolvedArgs& args, const std::vector<std::string>& prompts,
+                    const std::vector<std::optional<std::string>>& negatives,
+                    const std::vector<int64_t>& seeds, const std::vector<int64_t>& pending) const;
   // Takes the output folder's lock (world rank 0; once): a second run into it is refused.
   void lock_output_directory() const;
   // Fails naming the step range and the likely cause when a generation's latents are not finite.

@@ -15,12 +15,10 @@
 #include "backends/memory.h"
 #include "backends/threads.h"
 #include "models/registry.h"
-#include "parallel/mpi_communicator.h"
 #include "parallel/mpi_env.h"
 #include "parallel/process_groups.h"
-#include "parallel/two_plane_communicator.h"
-#include "parallel/world_config.h"
 #include "runner/fault_handler.h"
+#include "runner/launch.h"
 #include "runner/run_config.h"
 #include "runner/runner.h"
 
@@ -75,27 +73,9 @@ int main(int argc, char** argv) {
       // The plan needs no mesh: the degrees give the world it describes.
       return mpi.rank() == 0 ? runner::print_memory_plan(config) : 0;
     }
-    // The device before any CUDA or NCCL call (and before the mesh): --device cuda on a host
-    // without one is an error on every rank.
-    const c10::Device device = backends::select_device(config.device);
-    XF_CHECK(config.comm_backend != "nccl" || device.is_cuda(),
-             "--comm_backend nccl needs --device cuda (this run is on ", device.str(),
-             "; NCCL moves CUDA tensors only)");
-    // The degrees must multiply to the world size (the error names every degree).
-    const auto world_config = parallel::WorldConfig::from_degrees(
-        world_size, config.data_parallel_degree, config.use_cfg_parallel ? 2 : 1,
-        config.pipefusion_parallel_degree, config.ulysses_degree, config.ring_degree,
-        config.tensor_parallel_degree);
-    std::shared_ptr<parallel::ProcessGroups> groups;
-    if (world_size > 1) {
-      const auto timeout =
-          std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout * 1000));
-      // CPU tensors over MPI; on a GPU run, device tensors over NCCL (or MPI via host memory).
-      auto world =
-          parallel::make_world_communicator(config.comm_backend, device, mpi.local_size(),
-                                            backends::probe_devices().visible_gpus, timeout);
-      groups = std::make_shared<parallel::ProcessGroups>(world_config, world);
-    }
+    // The device, then the mesh (runner/launch.h).
+    const std::shared_ptr<parallel::ProcessGroups> groups =
+        runner::make_process_groups(config, mpi);
     // Every host tensor from here on is counted: the report's measured peak beside the plan.
     track_host_tensor_memory();
     const int threads = configure_threads(mpi.local_size());
