@@ -19,6 +19,7 @@
 #include <unicode/unistr.h>
 #include <unicode/utext.h>
 
+#include "backends/base64.h"
 #include "backends/error.h"
 #include "models/tokenizers/special_tokens.h"
 #include "models/tokenizers/text_unicode.h"
@@ -122,29 +123,6 @@ class Regex {
  private:
   std::unique_ptr<icu::RegexPattern> pattern_;
 };
-
-std::string base64_decode(const std::string& text, const std::string& context) {
-  std::string out;
-  uint32_t buffer = 0;
-  int bits = 0;
-  for (char ch : text) {
-    int v = -1;
-    if (ch >= 'A' && ch <= 'Z') v = ch - 'A';
-    if (ch >= 'a' && ch <= 'z') v = ch - 'a' + 26;
-    if (ch >= '0' && ch <= '9') v = ch - '0' + 52;
-    if (ch == '+') v = 62;
-    if (ch == '/') v = 63;
-    if (ch == '=') break;
-    XF_CHECK(v >= 0, context, ": not base64 (character '", std::string(1, ch), "')");
-    buffer = (buffer << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((buffer >> bits) & 0xFF));
-    }
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -612,7 +590,7 @@ void read_normalizer(const Json& node, const std::filesystem::path& file, const 
     if (!it->is_null()) {
       const std::string context = where(file, path + ".precompiled_charsmap");
       XF_CHECK(it->is_string(), context, " must be a base64 string");
-      const std::string blob = base64_decode(it->get<std::string>(), context);
+      const std::string blob = backends::base64_decode(it->get<std::string>(), context);
       // The library treats an empty charsmap as no normalisation.
       if (!blob.empty()) step.charsmap = std::make_shared<PrecompiledCharsMap>(blob, context);
     }
