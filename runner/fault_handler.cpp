@@ -114,6 +114,10 @@ void crash_handler(int sig, siginfo_t* info, void*) {
   ::raise(sig);
 }
 
+// What a first stop signal does, when not stopping a run after its current step (a service's
+// drain): set once by set_stop_meaning, read by the handler (a pointer load is signal-safe).
+std::atomic<const char*> g_stop_meaning{nullptr};
+
 void stop_handler(int sig) {
   int expected = 0;
   if (!g_stop_signal.compare_exchange_strong(expected, sig)) {
@@ -130,6 +134,12 @@ void stop_handler(int sig) {
   write_prefix();
   write_str("received ");
   write_str(signal_name(sig));
+  if (const char* what = g_stop_meaning.load()) {
+    write_str(": ");
+    write_str(what);
+    write_str(" (send it again to stop at once)\n");
+    return;
+  }
   write_str(
       ": stopping after the current step (send it again to stop at once; under mpirun this "
       "usually means the launcher is ending the job after another rank's error, reported "
@@ -202,6 +212,8 @@ void start_parent_watchdog() {
 }
 
 int stop_signal() { return g_stop_signal.load(); }
+
+void set_stop_meaning(const char* meaning) { g_stop_meaning.store(meaning); }
 
 void check_stop_requested(const std::string& where) {
   const int sig = g_stop_signal.load();

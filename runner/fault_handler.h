@@ -30,6 +30,11 @@ void start_parent_watchdog();
 // The stop signal received (SIGTERM or SIGINT), 0 when none.
 int stop_signal();
 
+// What the first stop signal's message says it does, for a program that handles the stop its own
+// way (`xfuser serve` drains); `meaning` must live for the process. Default: stopping after the
+// current step.
+void set_stop_meaning(const char* meaning);
+
 // Throws xfuser::Error "stopped by SIGTERM <where>" when a stop signal arrived.
 void check_stop_requested(const std::string& where);
 
