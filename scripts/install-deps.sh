@@ -15,6 +15,8 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libpng-dev libjpeg62-turbo-dev
   libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
   libsentencepiece-dev sentencepiece libicu-dev
+  # `xfuser serve`: HTTP server
+  libcpp-httplib-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev jq
   # two simulated hosts for the multi-node test (network namespaces: scripts/two-hosts-mpirun.sh)

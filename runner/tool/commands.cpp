@@ -12,6 +12,7 @@ void register_commands(CLI::App& app) {
   register_validate(app);
   register_trace(app);
   register_compare(app);
+  register_serve(app);
 }
 
 }  // namespace xfuser::runner::tool

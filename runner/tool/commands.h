@@ -24,6 +24,7 @@ void register_validate(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_trace(CLI::App& app);
 void register_compare(CLI::App& app);
+void register_serve(CLI::App& app);
 
 // The `xfuser models` listing in `format` (table, markdown, json, or doc = models_doc()).
 std::string models_listing(const std::string& format);
