@@ -13,7 +13,8 @@ std::string base64_encode(const std::string& bytes) {
   size_t i = 0;
   for (; i + 2 < bytes.size(); i += 3) {
     const uint32_t v = (static_cast<uint8_t>(bytes[i]) << 16) |
-                       (static_cast<uint8_t>(bytes[i + 1]) << 8) | static_cast<uint8_t>(bytes[i + 2]);
+                       (static_cast<uint8_t>(bytes[i + 1]) << 8) |
+                       static_cast<uint8_t>(bytes[i + 2]);
     out += table[v >> 18];
     out += table[(v >> 12) & 63];
     out += table[(v >> 6) & 63];

@@ -787,10 +787,24 @@ ResolvedArgs Runner::resolve_request(const ResolvedArgs& plan, const RequestInpu
   check_input_options(*args.spec, c);
   check_prompt_texts(c);
   resolve_inputs(args);
+  for (const auto& [name, scale] : in.lora_scales) {
+    auto it = std::find_if(args.lora.begin(), args.lora.end(),
+                           [&](const models::LoraSpec& l) { return l.name == name; });
+    std::string loaded;
+    for (const auto& l : args.lora) loaded += (loaded.empty() ? "" : ", ") + l.name;
+    XF_CHECK(it != args.lora.end(), "--lora_scales: no LoRA adapter '", name, "' is loaded (",
+             loaded.empty() ? std::string("none is") : "loaded: " + loaded, ")");
+    XF_CHECK(std::isfinite(scale), "--lora_scales: adapter '", name, "' needs a finite scale");
+    XF_CHECK(!args.lora_fused || scale == it->scale, "--lora_scales: adapter '", name,
+             "' is fused into the weights at scale ", format_double(it->scale),
+             "; other scales need the service started with --lora_mode unfused");
+    it->scale = scale;  // as the outputs record it
+  }
   args.total_prompts = static_cast<int64_t>(in.prompts.size());
   std::vector<int64_t> rows(in.prompts.size());
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(i);
   fill_request(args, in.prompts, in.negative_prompts, in.seeds, rows);
+  args.request.lora_scales = in.lora_scales;
   return args;
 }
 

@@ -85,6 +85,9 @@ struct RequestInputs {
   std::optional<double> guidance_scale_2;
   std::optional<int> max_sequence_length;
   std::vector<std::string> input_images;  // picture files (PNG or JPEG)
+  // LoRA scales of this request by adapter name (--lora_mode unfused; a fused adapter takes
+  // only its load scale). Adapters not named run at their load scale.
+  std::map<std::string, double> lora_scales;
 };
 
 // Communication per group name, then per operation, of one timed iteration.

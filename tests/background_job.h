@@ -4,7 +4,6 @@
 #pragma once
 
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +13,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+
+#include <sys/wait.h>
 
 namespace xfuser::testing {
 

@@ -110,7 +110,8 @@ TEST(ServeApi, FormValuesAreReadAsNumbersAndSecondsBecomeFrames) {
   EXPECT_EQ(r.inputs.num_frames, 65);
   ASSERT_FALSE(parse({{"prompt", "x"}, {"seconds", 2}, {"fps", 8}}, Endpoint::kVideos, &r));
   EXPECT_EQ(r.inputs.num_frames, 17);
-  const auto e = parse({{"prompt", "x"}, {"seconds", "1"}, {"num_frames", 9}}, Endpoint::kVideos, &r);
+  const auto e =
+      parse({{"prompt", "x"}, {"seconds", "1"}, {"num_frames", 9}}, Endpoint::kVideos, &r);
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->param, "seconds");
   EXPECT_TRUE(parse({{"prompt", "x"}, {"n", 2}}, Endpoint::kVideos, &r).has_value());
@@ -161,7 +162,8 @@ std::vector<std::string> ids(const std::vector<std::shared_ptr<Job>>& batch) {
 
 TEST(ServeScheduler, BatchesSameShapeJobsInOrderUpToTheBatchSize) {
   Scheduler s(/*max_queue=*/8, /*max_batch_outputs=*/4, /*batch_wait=*/0ms);
-  for (auto j : {make_job("a", 1), make_job("b", 1, 128), make_job("c", 2), make_job("d", 2), make_job("e", 1)}) {
+  for (auto j : {make_job("a", 1), make_job("b", 1, 128), make_job("c", 2), make_job("d", 2),
+                 make_job("e", 1)}) {
     ASSERT_EQ(s.submit(j), SubmitResult::kQueued);
   }
   // a (1) + c (2) fit; d (2) would make 5; e (1) makes 4.
@@ -320,10 +322,10 @@ at::Tensor xfuser_run(const std::string& flags, const fs::path& dir, bool video 
                       const std::string& launcher = "") {
   fs::create_directories(dir);
   std::string output;
-  const int code = xfuser::testing::run_command(
-      environment() + launcher + bin("xfuser-run").string() + " " + flags +
-          " --output_directory " + dir.string(),
-      &output);
+  const int code =
+      xfuser::testing::run_command(environment() + launcher + bin("xfuser-run").string() + " " +
+                                       flags + " --output_directory " + dir.string(),
+                                   &output);
   EXPECT_EQ(code, 0) << output;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string ext = e.path().extension().string();
@@ -416,9 +418,11 @@ TEST_F(ServeImages, PicturesEqualXfuserRunPixelForPixel) {
   }
   // Alone, the first equals a one-prompt run; the second stays within a step of rounding of it
   // (a batch's matrix products may round differently from a single row's).
-  const at::Tensor alone = xfuser_run("--model tiny-shapes --num_inference_steps 8 --seed 8 "
-                                      "--prompt \"" + kPrompt + "\"",
-                                      work.path() / "alone");
+  const at::Tensor alone = xfuser_run(
+      "--model tiny-shapes --num_inference_steps 8 --seed 8 "
+      "--prompt \"" +
+          kPrompt + "\"",
+      work.path() / "alone");
   EXPECT_LE((alone.to(at::kInt) - answers[1].to(at::kInt)).abs().max().item<int>(), 2);
   // The PNG records the generation as xfuser-run's does.
   std::map<std::string, std::string> text;
@@ -447,7 +451,8 @@ TEST_F(ServeImages, ConcurrentSameShapeRequestsShareOneGenerationAndKeepTheirPic
   auto c = server_->client("sekret");
   auto metrics = c.Get("/metrics");
   ASSERT_TRUE(metrics);
-  EXPECT_TRUE(std::regex_search(metrics->body, std::regex("xfuser_batches_total\\{outputs=\"[23]\"\\}")))
+  EXPECT_TRUE(
+      std::regex_search(metrics->body, std::regex("xfuser_batches_total\\{outputs=\"[23]\"\\}")))
       << metrics->body;
   // Alone, each request gives the picture it got in the batch.
   for (int k = 0; k < 3; ++k) {
@@ -463,9 +468,9 @@ TEST_F(ServeImages, ConcurrentSameShapeRequestsShareOneGenerationAndKeepTheirPic
 
 TEST_F(ServeImages, UrlAnswersAreFilesOfTheOutputFolder) {
   auto c = server_->client("sekret");
-  auto r = post_json(c, "/v1/images/generations",
-                     {{"prompt", kPrompt}, {"seed", 3}, {"num_inference_steps", 4},
-                      {"response_format", "url"}});
+  auto r = post_json(
+      c, "/v1/images/generations",
+      {{"prompt", kPrompt}, {"seed", 3}, {"num_inference_steps", 4}, {"response_format", "url"}});
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   const std::string url = json::parse(r->body)["data"][0]["url"];
@@ -493,8 +498,9 @@ TEST_F(ServeImages, BadRequestsAre4xxNamingTheFieldAndTheServiceGoesOn) {
                404, "model", "tiny-shapes");
   expect_error(c.Post("/v1/images/generations", "{\"prompt\": ", "application/json"), 400, "",
                "not valid JSON");
-  expect_error(c.Post("/v1/images/generations", "--xx\r\nbroken", "multipart/form-data; boundary=xx"),
-               400, "");
+  expect_error(
+      c.Post("/v1/images/generations", "--xx\r\nbroken", "multipart/form-data; boundary=xx"), 400,
+      "");
   expect_error(post_json(c, "/v1/images/generations",
                          {{"prompt", "x"}, {"negative_prompt", "y"}, {"true_cfg_scale", "2"}}),
                400, "true_cfg_scale");
@@ -508,7 +514,8 @@ TEST_F(ServeImages, BadRequestsAre4xxNamingTheFieldAndTheServiceGoesOn) {
   expect_error(post_json(c, "/v1/videos", {{"prompt", "x"}}), 400, "model", "/v1/images");
   expect_error(c.Get("/v1/nothing"), 404, "");
   // Still serving.
-  auto r = post_json(c, "/v1/images/generations", {{"prompt", kPrompt}, {"num_inference_steps", 2}});
+  auto r =
+      post_json(c, "/v1/images/generations", {{"prompt", kPrompt}, {"num_inference_steps", 2}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
   auto metrics = c.Get("/metrics");
@@ -542,7 +549,8 @@ TEST_F(ServeImages, TheOpenAiPythonClientWorksUnchanged) {
   xfuser::testing::TempDir work;
   std::string output;
   ASSERT_EQ(xfuser::testing::run_command(
-                python() + " " + (xfuser::testing::source_dir() / "tests/serve_openai_client.py").string() +
+                python() + " " +
+                    (xfuser::testing::source_dir() / "tests/serve_openai_client.py").string() +
                     " " + server_->base_url() + " sekret images " + work.path().string(),
                 &output),
             0)
@@ -552,11 +560,13 @@ TEST_F(ServeImages, TheOpenAiPythonClientWorksUnchanged) {
   EXPECT_EQ(seen["bad_request"]["status"], 400);
   EXPECT_EQ(seen["bad_request"]["param"], "size");
   for (int k = 0; k < 2; ++k) {
-    const at::Tensor expected = xfuser_run("--model tiny-shapes --num_inference_steps 8 --seed " +
-                                               std::to_string(11 + k) + " --prompt \"" + kPrompt + "\"",
-                                           work.path() / ("run" + std::to_string(k)));
-    EXPECT_TRUE(at::equal(xfuser::runner::read_png(work.path() / ("openai_" + std::to_string(k) + ".png")),
-                          expected));
+    const at::Tensor expected =
+        xfuser_run("--model tiny-shapes --num_inference_steps 8 --seed " + std::to_string(11 + k) +
+                       " --prompt \"" + kPrompt + "\"",
+                   work.path() / ("run" + std::to_string(k)));
+    EXPECT_TRUE(
+        at::equal(xfuser::runner::read_png(work.path() / ("openai_" + std::to_string(k) + ".png")),
+                  expected));
   }
   EXPECT_TRUE(at::equal(xfuser::runner::read_png(work.path() / "openai_url.png"),
                         xfuser::runner::read_png(work.path() / "openai_0.png")));
@@ -564,9 +574,10 @@ TEST_F(ServeImages, TheOpenAiPythonClientWorksUnchanged) {
 
 TEST(Serve, AFullQueueIs429WithRetryAfterAndAnAbandonedJobLeavesIt) {
   xfuser::testing::TempDir dir;
-  Server server("--model tiny-shapes --max_queue 1 --max_batch_size 1 --batch_wait_ms 0 "
-                "--request_timeout 60",
-                dir.path());
+  Server server(
+      "--model tiny-shapes --max_queue 1 --max_batch_size 1 --batch_wait_ms 0 "
+      "--request_timeout 60",
+      dir.path());
   ASSERT_TRUE(server.wait_ready()) << server.job().log();
   // One running (many steps), one queued, the third refused.
   auto slow = [&](int seed) {
@@ -681,7 +692,8 @@ TEST(Serve, VideoJobsMatchXfuserRunAndAreDeletable) {
                  /*video=*/true);
   EXPECT_TRUE(at::equal(xfuser::runner::read_video_frames(work.path() / "served.mp4"), expected));
   expect_error(post_json(c, "/v1/videos", {{"prompt", "x"}, {"size", "50x32"}}), 400, "size");
-  expect_error(post_json(c, "/v1/images/generations", {{"prompt", "x"}}), 400, "model", "/v1/videos");
+  expect_error(post_json(c, "/v1/images/generations", {{"prompt", "x"}}), 400, "model",
+               "/v1/videos");
   auto list = c.Get("/v1/videos");
   ASSERT_TRUE(list);
   EXPECT_EQ(json::parse(list->body)["data"].size(), 1u);
@@ -732,6 +744,38 @@ TEST(Serve, EditsTakeTheUploadedPictureAsXfuserRunTakesTheFile) {
                400, "image");
 }
 
+TEST(Serve, LoraScalesPerRequestEqualXfuserRunAtThatScale) {
+  xfuser::testing::TempDir dir, work;
+  const std::string adapter =
+      (xfuser::testing::source_dir() / "examples/tiny_shapes/lora_night.safetensors").string();
+  Server server("--model tiny-shapes --lora " + adapter + ":0.8 --lora_mode unfused", dir.path());
+  ASSERT_TRUE(server.wait_ready()) << server.job().log();
+  auto c = server.client();
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["lora"][0]["name"], "lora_night") << models->body;
+  const std::string prompt = "a large red circle in the center on a white background";
+  for (const double scale : {0.8, 0.3}) {
+    json body = {{"prompt", prompt}, {"seed", 2}, {"num_inference_steps", 6}};
+    if (scale != 0.8) body["lora_scales"] = {{"lora_night", scale}};
+    auto r = post_json(c, "/v1/images/generations", body);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    char spec[32];
+    std::snprintf(spec, sizeof(spec), ":%.1f", scale);
+    const at::Tensor expected = xfuser_run(
+        "--model tiny-shapes --lora " + adapter + spec +
+            " --lora_mode unfused --seed 2 --num_inference_steps 6 --prompt \"" + prompt + "\"",
+        work.path() / ("run" + std::string(spec + 1)));
+    EXPECT_TRUE(at::equal(pictures(r, work.path()).front(), expected)) << "scale " << scale;
+  }
+  expect_error(post_json(c, "/v1/images/generations",
+                         {{"prompt", prompt}, {"lora_scales", {{"lora_day", 1.0}}}}),
+               400, "lora_scales", "lora_night");
+  expect_error(post_json(c, "/v1/images/generations", {{"prompt", prompt}, {"lora_scales", 1}}),
+               400, "lora_scales");
+}
+
 TEST(Serve, TwoRanksServeWhatXfuserRunMakesOnTheSameLayout) {
   xfuser::testing::TempDir dir, work;
   Server server("--model tiny-shapes --ulysses_degree 2", dir.path(),
@@ -742,10 +786,11 @@ TEST(Serve, TwoRanksServeWhatXfuserRunMakesOnTheSameLayout) {
                      {{"prompt", kPrompt}, {"seed", 21}, {"num_inference_steps", 6}});
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
-  const at::Tensor expected =
-      xfuser_run("--model tiny-shapes --ulysses_degree 2 --num_inference_steps 6 --seed 21 "
-                 "--prompt \"" + kPrompt + "\"",
-                 work.path() / "run", false, xfuser::testing::mpirun_prefix(2, 300));
+  const at::Tensor expected = xfuser_run(
+      "--model tiny-shapes --ulysses_degree 2 --num_inference_steps 6 --seed 21 "
+      "--prompt \"" +
+          kPrompt + "\"",
+      work.path() / "run", false, xfuser::testing::mpirun_prefix(2, 300));
   EXPECT_TRUE(at::equal(pictures(r, work.path()).front(), expected));
   auto health = c.Get("/health");
   ASSERT_TRUE(health);

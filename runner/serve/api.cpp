@@ -57,6 +57,7 @@ std::optional<ApiError> parse_request(const nlohmann::json& body, Endpoint endpo
                                  "guidance_scale",
                                  "true_cfg_scale",
                                  "max_sequence_length",
+                                 "lora_scales",
                                  "user"};
   if (video) {
     known.insert({"seconds", "num_frames", "fps", "guidance_scale_2"});
@@ -65,8 +66,8 @@ std::optional<ApiError> parse_request(const nlohmann::json& body, Endpoint endpo
   }
   // OpenAI fields that would change the picture in ways these models have no knob for.
   static const std::set<std::string> unsupported = {
-      "quality", "style", "background", "moderation", "output_compression", "mask",
-      "partial_images", "stream", "input_fidelity"};
+      "quality", "style",          "background", "moderation",    "output_compression",
+      "mask",    "partial_images", "stream",     "input_fidelity"};
   for (const auto& [key, value] : body.items()) {
     if (known.count(key)) continue;
     if (unsupported.count(key)) {
@@ -92,14 +93,15 @@ std::optional<ApiError> parse_request(const nlohmann::json& body, Endpoint endpo
     if (!v || !(v->is_number_integer() || v->is_number_unsigned())) {
       return bad(name, std::string("'") + name + "' must be an integer" + range);
     }
-    if (v->is_number_unsigned() && v->get<unsigned long long>() >
-                                       static_cast<unsigned long long>(
-                                           std::numeric_limits<long long>::max())) {
+    if (v->is_number_unsigned() &&
+        v->get<unsigned long long>() >
+            static_cast<unsigned long long>(std::numeric_limits<long long>::max())) {
       return bad(name, std::string("'") + name + "' must be an integer" + range);
     }
     const long long x = v->get<long long>();
     if (x < lo || x > hi) {
-      return bad(name, std::string("'") + name + "' is " + std::to_string(x) + "; expected" + range);
+      return bad(name,
+                 std::string("'") + name + "' is " + std::to_string(x) + "; expected" + range);
     }
     *to = x;
     return std::nullopt;
@@ -161,7 +163,8 @@ std::optional<ApiError> parse_request(const nlohmann::json& body, Endpoint endpo
     char x = 0, rest = 0;
     if (std::sscanf(size.c_str(), "%d%c%d%c", &w, &x, &h, &rest) != 3 || x != 'x' || w <= 0 ||
         h <= 0) {
-      return bad("size", "'size' is '" + size + "'; expected WIDTHxHEIGHT (e.g. 1024x1024) or auto");
+      return bad("size",
+                 "'size' is '" + size + "'; expected WIDTHxHEIGHT (e.g. 1024x1024) or auto");
     }
     in.width = w;
     in.height = h;
@@ -172,6 +175,23 @@ std::optional<ApiError> parse_request(const nlohmann::json& body, Endpoint endpo
   if (auto e = integer("max_sequence_length", 1, 65536, &v)) return e;
   if (v) in.max_sequence_length = static_cast<int>(*v);
   v.reset();
+  if (body.contains("lora_scales") && !body["lora_scales"].is_null()) {
+    nlohmann::json scales = body["lora_scales"];
+    if (from_form && scales.is_string()) {
+      scales =
+          nlohmann::json::parse(scales.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    }
+    if (!scales.is_object()) {
+      return bad("lora_scales", "'lora_scales' must be an object of adapter name -> scale");
+    }
+    for (const auto& [name, value] : scales.items()) {
+      if (!value.is_number() || !std::isfinite(value.get<double>())) {
+        return bad("lora_scales",
+                   "'lora_scales' of adapter '" + name + "' must be a finite number");
+      }
+      in.lora_scales[name] = value.get<double>();
+    }
+  }
   if (auto e = number("guidance_scale", &in.guidance_scale)) return e;
   if (auto e = number("true_cfg_scale", &in.true_cfg_scale)) return e;
   if (video) {

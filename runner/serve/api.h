@@ -16,9 +16,9 @@ enum class Endpoint { kImageGenerations, kImageEdits, kVideos };
 
 struct ParsedRequest {
   JobInputs inputs;
-  std::string model;                          // "" when the body names none
-  std::string response_format = "b64_json";   // images: b64_json or url
-  std::optional<double> seconds;              // videos: the duration asked for
+  std::string model;                         // "" when the body names none
+  std::string response_format = "b64_json";  // images: b64_json or url
+  std::optional<double> seconds;             // videos: the duration asked for
 };
 
 // Reads `body` (a JSON object; multipart forms arrive as one with string values, and numbers are

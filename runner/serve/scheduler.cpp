@@ -37,6 +37,7 @@ std::string JobInputs::batch_key(const std::string& job_id) const {
   put("true_cfg_scale", true_cfg_scale);
   put("guidance_scale_2", guidance_scale_2);
   put("max_sequence_length", max_sequence_length);
+  if (!lora_scales.empty()) key["lora_scales"] = lora_scales;
   if (!pictures.empty()) key["job"] = job_id;
   return key.dump();
 }
@@ -118,7 +119,8 @@ bool Scheduler::cancel(const std::string& id) {
   std::shared_ptr<Job> job;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& j) { return j->id == id; });
+    auto it =
+        std::find_if(queue_.begin(), queue_.end(), [&](const auto& j) { return j->id == id; });
     if (it == queue_.end()) return false;
     job = *it;
     queue_.erase(it);
@@ -202,8 +204,8 @@ std::string Metrics::text(size_t queue_length, bool healthy) const {
      << "# HELP xfuser_requests_total HTTP requests answered, by endpoint and status.\n"
      << "# TYPE xfuser_requests_total counter\n";
   for (const auto& [key, n] : requests_) {
-    os << "xfuser_requests_total{endpoint=\"" << key.first << "\",status=\"" << key.second
-       << "\"} " << n << "\n";
+    os << "xfuser_requests_total{endpoint=\"" << key.first << "\",status=\"" << key.second << "\"} "
+       << n << "\n";
   }
   os << "# HELP xfuser_request_seconds Time from a request's arrival to its answer.\n"
      << "# TYPE xfuser_request_seconds histogram\n";

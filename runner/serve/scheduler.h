@@ -47,6 +47,7 @@ struct JobInputs {
   std::optional<double> true_cfg_scale;
   std::optional<double> guidance_scale_2;
   std::optional<int> max_sequence_length;
+  std::map<std::string, double> lora_scales;  // by adapter name (the service's unfused --lora)
   // Input pictures as uploaded (PNG or JPEG bytes), and their file extensions.
   std::vector<std::string> pictures;
   std::vector<std::string> picture_extensions;

@@ -124,6 +124,7 @@ nlohmann::json batch_message(const std::vector<std::shared_ptr<Job>>& batch,
           {"true_cfg_scale", optional_json(first.true_cfg_scale)},
           {"guidance_scale_2", optional_json(first.guidance_scale_2)},
           {"max_sequence_length", optional_json(first.max_sequence_length)},
+          {"lora_scales", first.lora_scales},
           {"pictures", sizes}};
 }
 
@@ -143,8 +144,8 @@ class PictureFiles {
       const size_t n = sizes[k]["bytes"].get<size_t>();
       XF_CHECK(offset + n <= bytes.size(), "serve: picture ", k, " of ", id, " is cut short");
       if (paths_.empty()) fs::create_directories(dir);
-      const fs::path path = dir / (id + "_" + std::to_string(k) + "." +
-                                   sizes[k]["ext"].get<std::string>());
+      const fs::path path =
+          dir / (id + "_" + std::to_string(k) + "." + sizes[k]["ext"].get<std::string>());
       write_file_atomic(path, bytes.substr(offset, n));
       paths_.push_back(path.string());
       offset += n;
@@ -183,6 +184,9 @@ RequestInputs request_inputs(const nlohmann::json& msg, const std::vector<std::s
   in.guidance_scale_2 = json_optional<double>(msg, "guidance_scale_2");
   in.max_sequence_length = json_optional<int>(msg, "max_sequence_length");
   in.input_images = pictures;
+  if (msg.contains("lora_scales")) {
+    in.lora_scales = msg["lora_scales"].get<std::map<std::string, double>>();
+  }
   return in;
 }
 
@@ -242,9 +246,9 @@ std::string route_of(const std::string& path) {
       {std::regex("^/v1/videos/[^/]+$"), "/v1/videos/{id}"},
       {std::regex("^/v1/files/[^/]+$"), "/v1/files/{name}"},
       {std::regex("^/v1/models/[^/]+$"), "/v1/models/{id}"}};
-  static const std::set<std::string> fixed = {"/health",           "/metrics",
-                                              "/v1/models",        "/v1/images/generations",
-                                              "/v1/images/edits",  "/v1/videos"};
+  static const std::set<std::string> fixed = {"/health",          "/metrics",
+                                              "/v1/models",       "/v1/images/generations",
+                                              "/v1/images/edits", "/v1/videos"};
   if (fixed.count(path)) return path;
   for (const auto& [re, name] : routes) {
     if (std::regex_match(path, re)) return name;
@@ -288,9 +292,9 @@ bool client_closed(int local_port, int remote_port) {
       if (!(fields >> slot >> local >> remote >> state)) continue;
       const auto port_of = [](const std::string& address) {
         const size_t colon = address.rfind(':');
-        return colon == std::string::npos ? -1
-                                          : static_cast<int>(std::stoul(address.substr(colon + 1),
-                                                                        nullptr, 16));
+        return colon == std::string::npos
+                   ? -1
+                   : static_cast<int>(std::stoul(address.substr(colon + 1), nullptr, 16));
       };
       if (port_of(local) != local_port || port_of(remote) != remote_port) continue;
       if (state != "08") return false;  // 08: CLOSE_WAIT
@@ -303,8 +307,8 @@ bool client_closed(int local_port, int remote_port) {
 // World rank 0: the HTTP side and the loop that hands batches to every rank.
 class Service {
  public:
-  Service(const RunConfig& run, const ServeConfig& config, Runner& runner,
-          const ResolvedArgs& plan, parallel::Communicator* world)
+  Service(const RunConfig& run, const ServeConfig& config, Runner& runner, const ResolvedArgs& plan,
+          parallel::Communicator* world)
       : run_(run),
         config_(config),
         runner_(runner),
@@ -346,8 +350,8 @@ class Service {
 
   // The loop of rank 0's main thread. Returns on a drain; throws when a generation fails.
   void loop(std::mutex& resolve_mutex, int writer) {
-    const auto heartbeat = std::chrono::milliseconds(static_cast<int64_t>(
-        std::clamp(run_.comm_timeout / 4, 0.05, 1.0) * 1000));
+    const auto heartbeat = std::chrono::milliseconds(
+        static_cast<int64_t>(std::clamp(run_.comm_timeout / 4, 0.05, 1.0) * 1000));
     std::string json, pictures;
     try {
       for (;;) {
@@ -396,8 +400,8 @@ class Service {
     nlohmann::json msg = batch_message(batch, &pictures);
     std::string json = msg.dump();
     exchange(world_, kGenerate, &json, &pictures);
-    BatchOutput out = run_batch(runner_, plan_, resolve_mutex, msg, pictures, input_dir_, world_,
-                                writer);
+    BatchOutput out =
+        run_batch(runner_, plan_, resolve_mutex, msg, pictures, input_dir_, world_, writer);
     int outputs = 0;
     for (const auto& job : batch) outputs += job->inputs.n;
     metrics_.batch(outputs, out.args.request.num_inference_steps, out.seconds);
@@ -499,18 +503,20 @@ class Service {
       if (&models::ModelRegistry::find(name) == &spec) return std::nullopt;
     } catch (const xfuser::Error&) {
     }
-    return error(404, "model '" + name + "' is not served here; this server serves '" + spec.id + "'",
+    return error(404,
+                 "model '" + name + "' is not served here; this server serves '" + spec.id + "'",
                  "invalid_request_error", "model", "model_not_found");
   }
 
   // Can the service take a job now? (loading, draining, unhealthy: 503)
   std::optional<ApiError> check_accepting() const {
     // A stop signal refuses new work at once; the loop sees it after the running batch.
-    const std::string state = stop_signal() != 0 && std::string(state_) == "ok" ? std::string("draining")
-                                                                            : std::string(state_);
+    const std::string state = stop_signal() != 0 && std::string(state_) == "ok"
+                                  ? std::string("draining")
+                                  : std::string(state_);
     if (state == "ok") return std::nullopt;
     return error(503,
-                 state == "loading" ? "the model is still loading; retry shortly"
+                 state == "loading"    ? "the model is still loading; retry shortly"
                  : state == "draining" ? "the server is shutting down and takes no new requests"
                                        : "the server is unhealthy and is ending",
                  "server_error", "", state);
@@ -527,13 +533,13 @@ class Service {
     }
     try {
       PictureFiles files(output_dir_ / ".serve-inputs" / "check", id, bytes, sizes);
-      nlohmann::json msg = {{"jobs", nlohmann::json::array({{{"prompt", in.prompt},
-                                                             {"negative_prompt",
-                                                              optional_json(in.negative_prompt)},
-                                                             {"seed", in.seed},
-                                                             {"n", in.n}}})}};
-      for (const char* key : {"height", "width", "num_frames", "fps", "num_inference_steps",
-                              "max_sequence_length"}) {
+      nlohmann::json msg = {
+          {"jobs", nlohmann::json::array({{{"prompt", in.prompt},
+                                           {"negative_prompt", optional_json(in.negative_prompt)},
+                                           {"seed", in.seed},
+                                           {"n", in.n}}})}};
+      for (const char* key :
+           {"height", "width", "num_frames", "fps", "num_inference_steps", "max_sequence_length"}) {
         msg[key] = nullptr;
       }
       msg["height"] = optional_json(in.height);
@@ -545,6 +551,7 @@ class Service {
       msg["true_cfg_scale"] = optional_json(in.true_cfg_scale);
       msg["guidance_scale_2"] = optional_json(in.guidance_scale_2);
       msg["max_sequence_length"] = optional_json(in.max_sequence_length);
+      msg["lora_scales"] = in.lora_scales;
       std::lock_guard<std::mutex> lock(*resolve_mutex_);
       *resolved = runner_.resolve_request(plan_, request_inputs(msg, files.paths()));
     } catch (const xfuser::Error& e) {
@@ -554,8 +561,8 @@ class Service {
   }
 
   // Reads a JSON body or a multipart form (its text fields as strings, its files aside).
-  std::optional<ApiError> read_body(const httplib::Request& req, nlohmann::json* body,
-                                    bool* form, std::vector<httplib::MultipartFormData>* files) {
+  std::optional<ApiError> read_body(const httplib::Request& req, nlohmann::json* body, bool* form,
+                                    std::vector<httplib::MultipartFormData>* files) {
     *form = req.is_multipart_form_data();
     if (*form) {
       *body = nlohmann::json::object();
@@ -587,7 +594,8 @@ class Service {
       }
       const std::string ext = picture_extension(file.content);
       if (ext.empty()) {
-        return error(400, "'" + file.name + "' (" + file.filename + ") is not a PNG or JPEG picture",
+        return error(400,
+                     "'" + file.name + "' (" + file.filename + ") is not a PNG or JPEG picture",
                      "invalid_request_error", file.name);
       }
       in->pictures.push_back(file.content);
@@ -621,12 +629,12 @@ class Service {
   void images(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
     if (auto e = check_accepting()) return answer_error(res, *e);
     if (endpoint == Endpoint::kImageEdits && !edits_) {
-      return answer_error(res, error(400, plan_.spec->id + " does not take input pictures (no edits)",
-                                     "invalid_request_error", "image"));
+      return answer_error(res,
+                          error(400, plan_.spec->id + " does not take input pictures (no edits)",
+                                "invalid_request_error", "image"));
     }
     if (video_) {
-      return answer_error(res, error(400,
-                                     plan_.spec->id + " makes videos: use POST /v1/videos",
+      return answer_error(res, error(400, plan_.spec->id + " makes videos: use POST /v1/videos",
                                      "invalid_request_error", "model"));
     }
     nlohmann::json body;
@@ -654,7 +662,8 @@ class Service {
         return answer_error(res, *e);
       }
       if (job->inputs.pictures.empty()) {
-        return answer_error(res, error(400, "'image' is required", "invalid_request_error", "image"));
+        return answer_error(res,
+                            error(400, "'image' is required", "invalid_request_error", "image"));
       }
     } else if (!files.empty()) {
       return answer_error(res, error(400, "/v1/images/generations takes no files",
@@ -663,9 +672,8 @@ class Service {
     ResolvedArgs resolved;
     if (auto e = check_inputs(job->id, job->inputs, &resolved)) return answer_error(res, *e);
     if (admit(job, res) == Admit::kAnswered) return;
-    const auto deadline =
-        job->created +
-        std::chrono::milliseconds(static_cast<int64_t>(config_.request_timeout * 1000));
+    const auto deadline = job->created + std::chrono::milliseconds(
+                                             static_cast<int64_t>(config_.request_timeout * 1000));
     // While it waits, a client that goes away takes its queued job with it.
     while (!job->wait_until(std::min(deadline, Clock::now() + std::chrono::milliseconds(200))) &&
            Clock::now() < deadline) {
@@ -706,28 +714,27 @@ class Service {
 
   nlohmann::json video_object(const Job& job) const {
     // Caller holds job.mutex.
-    nlohmann::json v = {{"id", job.id},
-                        {"object", "video"},
-                        {"model", plan_.spec->id},
-                        {"status", job_state_name(job.state)},
-                        {"progress", job.progress},
-                        {"created_at", job.created_unix},
-                        {"completed_at", job.completed_unix
-                                             ? nlohmann::json(job.completed_unix)
-                                             : nlohmann::json()},
-                        {"expires_at", nullptr},
-                        {"prompt", job.inputs.prompt},
-                        {"seed", job.inputs.seed},
-                        {"size", std::to_string(*job.inputs.width) + "x" +
-                                     std::to_string(*job.inputs.height)},
-                        {"num_frames", *job.inputs.num_frames},
-                        {"fps", *job.inputs.fps},
-                        {"seconds", seconds_text(*job.inputs.num_frames, *job.inputs.fps)}};
-    v["error"] = job.state == JobState::kFailed
-                     ? nlohmann::json{{"code", job.error.code.empty() ? job.error.type
-                                                                      : job.error.code},
-                                      {"message", job.error.message}}
-                     : nlohmann::json();
+    nlohmann::json v = {
+        {"id", job.id},
+        {"object", "video"},
+        {"model", plan_.spec->id},
+        {"status", job_state_name(job.state)},
+        {"progress", job.progress},
+        {"created_at", job.created_unix},
+        {"completed_at",
+         job.completed_unix ? nlohmann::json(job.completed_unix) : nlohmann::json()},
+        {"expires_at", nullptr},
+        {"prompt", job.inputs.prompt},
+        {"seed", job.inputs.seed},
+        {"size", std::to_string(*job.inputs.width) + "x" + std::to_string(*job.inputs.height)},
+        {"num_frames", *job.inputs.num_frames},
+        {"fps", *job.inputs.fps},
+        {"seconds", seconds_text(*job.inputs.num_frames, *job.inputs.fps)}};
+    v["error"] =
+        job.state == JobState::kFailed
+            ? nlohmann::json{{"code", job.error.code.empty() ? job.error.type : job.error.code},
+                             {"message", job.error.message}}
+            : nlohmann::json();
     return v;
   }
 
@@ -782,8 +789,8 @@ class Service {
   }
 
   void video_not_found(httplib::Response& res, const std::string& id) {
-    answer_error(res, error(404, "no video '" + id + "'", "invalid_request_error", "video_id",
-                            "not_found"));
+    answer_error(
+        res, error(404, "no video '" + id + "'", "invalid_request_error", "video_id", "not_found"));
   }
 
   void setup_routes() {
@@ -801,14 +808,13 @@ class Service {
       }
       return httplib::Server::HandlerResponse::Unhandled;
     });
-    http_.set_post_routing_handler([this](const httplib::Request&, httplib::Response&) {
-      --active_;
-    });
+    http_.set_post_routing_handler(
+        [this](const httplib::Request&, httplib::Response&) { --active_; });
     http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      const double seconds = t_request_start == Clock::time_point{}
-                                 ? 0.0
-                                 : std::chrono::duration<double>(Clock::now() - t_request_start)
-                                       .count();
+      const double seconds =
+          t_request_start == Clock::time_point{}
+              ? 0.0
+              : std::chrono::duration<double>(Clock::now() - t_request_start).count();
       t_request_start = Clock::time_point{};
       metrics_.request(route_of(req.path), res.status, seconds);
       spdlog::debug("{} {} -> {} ({:.3f} s)", req.method, req.path, res.status, seconds);
@@ -824,18 +830,18 @@ class Service {
                   error_body(error(res.status, message,
                                    res.status >= 500 ? "server_error" : "invalid_request_error")));
     });
-    http_.set_exception_handler([](const httplib::Request&, httplib::Response& res,
-                                   std::exception_ptr ep) {
-      std::string what = "unknown error";
-      try {
-        std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      spdlog::error("serve: request failed: {}", what);
-      answer_json(res, 500, error_body(error(500, what, "server_error")));
-    });
+    http_.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+          std::string what = "unknown error";
+          try {
+            std::rethrow_exception(ep);
+          } catch (const std::exception& e) {
+            what = e.what();
+          } catch (...) {
+          }
+          spdlog::error("serve: request failed: {}", what);
+          answer_json(res, 500, error_body(error(500, what, "server_error")));
+        });
 
     http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       const std::string state = check_accepting() ? check_accepting()->code : "ok";
@@ -850,10 +856,17 @@ class Service {
                       "text/plain; version=0.0.4");
     });
     auto model_object = [this] {
+      nlohmann::json lora = nlohmann::json::array();
+      for (const auto& l : plan_.lora) {
+        lora.push_back({{"name", l.name},
+                        {"scale", l.scale},
+                        {"mode", plan_.lora_fused ? "fused" : "unfused"}});
+      }
       return nlohmann::json{{"id", plan_.spec->id},
                             {"object", "model"},
                             {"created", started_unix_},
-                            {"owned_by", "xfuser"}};
+                            {"owned_by", "xfuser"},
+                            {"lora", lora}};
     };
     http_.Get("/v1/models", [model_object](const httplib::Request&, httplib::Response& res) {
       answer_json(res, 200, {{"object", "list"}, {"data", {model_object()}}});
@@ -863,9 +876,10 @@ class Service {
                 if (auto e = check_model(req.matches[1])) return answer_error(res, *e);
                 answer_json(res, 200, model_object());
               });
-    http_.Post("/v1/images/generations", [this](const httplib::Request& req, httplib::Response& res) {
-      images(req, res, Endpoint::kImageGenerations);
-    });
+    http_.Post("/v1/images/generations",
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 images(req, res, Endpoint::kImageGenerations);
+               });
     http_.Post("/v1/images/edits", [this](const httplib::Request& req, httplib::Response& res) {
       images(req, res, Endpoint::kImageEdits);
     });
@@ -887,49 +901,46 @@ class Service {
       std::lock_guard<std::mutex> lock(job->mutex);
       answer_json(res, 200, video_object(*job));
     });
-    http_.Get(R"(/v1/videos/([^/]+)/content)",
-              [this](const httplib::Request& req, httplib::Response& res) {
-                auto job = find_video(req.matches[1]);
-                if (!job) return video_not_found(res, req.matches[1]);
-                std::string path;
-                {
-                  std::lock_guard<std::mutex> lock(job->mutex);
-                  if (job->state != JobState::kCompleted) {
-                    return answer_error(
-                        res, error(409,
-                                   "video '" + job->id + "' is " + job_state_name(job->state) +
-                                       ", not completed",
-                                   "invalid_request_error", "video_id", "not_ready"));
-                  }
-                  path = job->outputs.front();
-                }
-                serve_file(res, path, "video/mp4");
-              });
-    http_.Delete(R"(/v1/videos/([^/]+))",
-                 [this](const httplib::Request& req, httplib::Response& res) {
-                   auto job = find_video(req.matches[1]);
-                   if (!job) return video_not_found(res, req.matches[1]);
-                   scheduler_.cancel(job->id);  // queued: cancelled now
-                   std::lock_guard<std::mutex> lock(job->mutex);
-                   if (job->state == JobState::kRunning) {
-                     return answer_error(
-                         res, error(409,
-                                    "video '" + job->id +
-                                        "' is being generated on every rank and cannot be "
-                                        "stopped midway; delete it once completed",
-                                    "invalid_request_error", "video_id", "in_progress"));
-                   }
-                   for (const auto& path : job->outputs) {
-                     std::error_code ec;
-                     fs::remove(path, ec);
-                   }
-                   {
-                     std::lock_guard<std::mutex> videos_lock(videos_mutex_);
-                     videos_.erase(job->id);
-                   }
-                   answer_json(res, 200,
-                               {{"id", job->id}, {"object", "video.deleted"}, {"deleted", true}});
-                 });
+    http_.Get(R"(/v1/videos/([^/]+)/content)", [this](const httplib::Request& req,
+                                                      httplib::Response& res) {
+      auto job = find_video(req.matches[1]);
+      if (!job) return video_not_found(res, req.matches[1]);
+      std::string path;
+      {
+        std::lock_guard<std::mutex> lock(job->mutex);
+        if (job->state != JobState::kCompleted) {
+          return answer_error(res, error(409,
+                                         "video '" + job->id + "' is " +
+                                             job_state_name(job->state) + ", not completed",
+                                         "invalid_request_error", "video_id", "not_ready"));
+        }
+        path = job->outputs.front();
+      }
+      serve_file(res, path, "video/mp4");
+    });
+    http_.Delete(
+        R"(/v1/videos/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+          auto job = find_video(req.matches[1]);
+          if (!job) return video_not_found(res, req.matches[1]);
+          scheduler_.cancel(job->id);  // queued: cancelled now
+          std::lock_guard<std::mutex> lock(job->mutex);
+          if (job->state == JobState::kRunning) {
+            return answer_error(res, error(409,
+                                           "video '" + job->id +
+                                               "' is being generated on every rank and cannot be "
+                                               "stopped midway; delete it once completed",
+                                           "invalid_request_error", "video_id", "in_progress"));
+          }
+          for (const auto& path : job->outputs) {
+            std::error_code ec;
+            fs::remove(path, ec);
+          }
+          {
+            std::lock_guard<std::mutex> videos_lock(videos_mutex_);
+            videos_.erase(job->id);
+          }
+          answer_json(res, 200, {{"id", job->id}, {"object", "video.deleted"}, {"deleted", true}});
+        });
     // Pictures answered as URLs: only the service's own files, by name.
     http_.Get(R"(/v1/files/(img_[0-9a-f]+_[0-9]+\.png))",
               [this](const httplib::Request& req, httplib::Response& res) {
@@ -1038,20 +1049,17 @@ int serve(const RunConfig& given_run, const ServeConfig& given) {
   parallel::MpiEnvironment mpi(nullptr, nullptr);
   install_fault_handlers(mpi.rank());
   set_stop_meaning(
-      mpi.rank() == 0 ? "draining: running and queued requests finish, new ones get 503, then exit 0"
-                      : "ignored here: rank 0 decides when the service ends");
+      mpi.rank() == 0
+          ? "draining: running and queued requests finish, new ones get 503, then exit 0"
+          : "ignored here: rank 0 decides when the service ends");
   if (mpi.size() > 1) start_parent_watchdog();
   init_logging(mpi.rank(), run.log_level);
   // Flags of a batch run have no meaning for a service: named, not ignored.
   for (const auto& [given_flag, name] :
-       {std::pair{!run.dataset_path.empty(), "--dataset_path"},
-        std::pair{run.resume, "--resume"},
-        std::pair{run.profile, "--profile"},
-        std::pair{run.batch_size.has_value(), "--batch_size"},
-        std::pair{!run.latents.empty(), "--latents"},
-        std::pair{run.save_latents, "--save_latents"},
-        std::pair{run.pipefusion_psnr, "--pipefusion_psnr"},
-        std::pair{run.dry_run, "--dry_run"},
+       {std::pair{!run.dataset_path.empty(), "--dataset_path"}, std::pair{run.resume, "--resume"},
+        std::pair{run.profile, "--profile"}, std::pair{run.batch_size.has_value(), "--batch_size"},
+        std::pair{!run.latents.empty(), "--latents"}, std::pair{run.save_latents, "--save_latents"},
+        std::pair{run.pipefusion_psnr, "--pipefusion_psnr"}, std::pair{run.dry_run, "--dry_run"},
         std::pair{run.num_iterations != 1, "--num_iterations"},
         std::pair{run.warmup_calls != 0, "--warmup_calls"},
         std::pair{!run.prompt.empty(), "--prompt"},
@@ -1093,8 +1101,8 @@ int serve(const RunConfig& given_run, const ServeConfig& given) {
     if (s) s->progress(step, total);
   });
   if (world) world->barrier();  // every rank loaded: ready
-  const fs::path input_dir = fs::path(run.output_directory) / ".serve-inputs" /
-                             ("rank" + std::to_string(mpi.rank()));
+  const fs::path input_dir =
+      fs::path(run.output_directory) / ".serve-inputs" / ("rank" + std::to_string(mpi.rank()));
   if (service) {
     service->set_ready();
     service->loop(resolve_mutex, writer);
