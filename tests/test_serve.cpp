@@ -797,6 +797,55 @@ TEST(Serve, TwoRanksServeWhatXfuserRunMakesOnTheSameLayout) {
   EXPECT_EQ(health->status, 200);
 }
 
+TEST(Serve, TwoRanksServeAVideoAsXfuserRunMakesIt) {
+  xfuser::testing::TempDir dir, work;
+  Server server("--model tiny-wan --ulysses_degree 2", dir.path(),
+                xfuser::testing::mpirun_prefix(2, 600));
+  ASSERT_TRUE(server.wait_ready(240)) << server.job().log();
+  auto c = server.client();
+  auto created = post_json(c, "/v1/videos", {{"prompt", "a cat"}, {"seed", 6}, {"num_frames", 5}});
+  ASSERT_TRUE(created);
+  ASSERT_EQ(created->status, 200) << created->body;
+  const std::string path = "/v1/videos/" + json::parse(created->body)["id"].get<std::string>();
+  json video;
+  for (int i = 0; i < 1200; ++i) {
+    video = json::parse(c.Get(path.c_str())->body);
+    if (video["status"] == "completed" || video["status"] == "failed") break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_EQ(video["status"], "completed") << video.dump();
+  auto content = c.Get((path + "/content").c_str());
+  ASSERT_TRUE(content);
+  xfuser::runner::write_file_atomic(work.path() / "served.mp4", content->body);
+  const at::Tensor expected =
+      xfuser_run("--model tiny-wan --ulysses_degree 2 --prompt \"a cat\" --seed 6 --num_frames 5",
+                 work.path() / "run", /*video=*/true, xfuser::testing::mpirun_prefix(2, 300));
+  EXPECT_TRUE(at::equal(xfuser::runner::read_video_frames(work.path() / "served.mp4"), expected));
+}
+
+TEST(Serve, ARankKilledMidRequestEndsEveryRank) {
+  xfuser::testing::TempDir dir;
+  // Rank 1 stalls in its first step (printing its pid) and is then killed with SIGKILL: no
+  // message, no exception, only a peer gone.
+  Server server("--model tiny-shapes --ulysses_degree 2 --comm_timeout 20", dir.path(),
+                "env XFUSER_INJECT_FAILURE=1:1:stall " + xfuser::testing::mpirun_prefix(2, 600) +
+                    "-x XFUSER_INJECT_FAILURE ");
+  ASSERT_TRUE(server.wait_ready(240)) << server.job().log();
+  auto answer = std::async(std::launch::async, [&server] {
+    auto c = server.client();
+    return post_json(c, "/v1/images/generations", {{"prompt", kPrompt}});
+  });
+  const std::string pid = server.job().wait_for_log("injected stall .* pid ([0-9]+)", 60);
+  ASSERT_FALSE(pid.empty()) << server.job().log();
+  ASSERT_EQ(::kill(std::stoi(pid), SIGKILL), 0);
+  ASSERT_TRUE(server.job().wait(60)) << server.job().log();
+  EXPECT_NE(server.job().exit_code(), 0);
+  auto r = answer.get();
+  if (r) {
+    EXPECT_GE(r->status, 500) << r->body;
+  }
+}
+
 TEST(Serve, AFailingRankEndsEveryRankWithANonZeroExit) {
   xfuser::testing::TempDir dir;
   // Rank 1 fails in its first denoising step: the request's generation cannot finish.
