@@ -62,23 +62,12 @@ def percentile(values, p):
     return values[k]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--xfuser", default="build/bin/xfuser")
-    ap.add_argument("--np", type=int, default=1, help="ranks (mpirun) ; 1: no mpirun")
-    ap.add_argument("--serve_flags", default="--max_batch_size 4 --batch_wait_ms 20")
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--invalid_every", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-
+def run_load(args, serve_flags):
     work = tempfile.mkdtemp(prefix="serve_load_")
     port_file = os.path.join(work, "port")
     command = [args.xfuser, "serve", "--model", "tiny-shapes", "--port", "0", "--port_file",
                port_file, "--output_directory", os.path.join(work, "out")]
-    command += args.serve_flags.split()
+    command += serve_flags.split()
     if args.np > 1:
         command = ["mpirun", "-np", str(args.np), "--oversubscribe"] + (
             ["--allow-run-as-root"] if os.geteuid() == 0 else []) + command
@@ -137,7 +126,7 @@ def main():
         "requests": args.requests,
         "concurrency": args.concurrency,
         "ranks": args.np,
-        "serve_flags": args.serve_flags,
+        "serve_flags": serve_flags,
         "shapes": [{"size": s, "steps": n} for s, n in SHAPES],
         "seconds": round(elapsed, 3),
         "valid": len(valid),
@@ -156,14 +145,46 @@ def main():
         "exit_code_after_sigterm": exit_code,
         "load_average": os.getloadavg()[0],
     }
+    return report
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--compare_batch_sizes", default="1,4",
+                    help="run the load once per --max_batch_size listed (same requests), and "
+                         "report throughput ratios against the first; empty: only --serve_flags")
+    ap.add_argument("--xfuser", default="build/bin/xfuser")
+    ap.add_argument("--np", type=int, default=1, help="ranks (mpirun) ; 1: no mpirun")
+    ap.add_argument("--serve_flags", default="--max_batch_size 4 --batch_wait_ms 20")
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--invalid_every", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    runs = []
+    sizes = [x for x in args.compare_batch_sizes.split(",") if x]
+    if sizes:
+        for size in sizes:
+            flags = re.sub(r"--max_batch_size \d+", "", args.serve_flags)
+            runs.append(run_load(args, f"{flags} --max_batch_size {size}".strip()))
+    else:
+        runs.append(run_load(args, args.serve_flags))
+    report = {"runs": runs}
+    if len(runs) > 1:
+        report["throughput_vs_first"] = [
+            round(r["images_per_second"] / runs[0]["images_per_second"], 3) for r in runs]
+        report["p50_latency_vs_first"] = [
+            round(r["latency_p50_s"] / runs[0]["latency_p50_s"], 3) for r in runs]
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text + "\n")
-    ok = (report["valid_answered_200"] == report["valid"] and
-          report["invalid_answered_4xx"] == report["invalid"] and healthy and exit_code == 0)
+    ok = all(r["valid_answered_200"] == r["valid"] and r["invalid_answered_4xx"] == r["invalid"]
+             and r["healthy_after"] and r["exit_code_after_sigterm"] == 0 for r in runs)
     sys.exit(0 if ok else 1)
 
 
