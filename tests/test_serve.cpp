@@ -744,6 +744,47 @@ TEST(Serve, EditsTakeTheUploadedPictureAsXfuserRunTakesTheFile) {
                400, "image");
 }
 
+TEST(Serve, AVideoFromAFirstFrameTakesTheUploadedPicture) {
+  xfuser::testing::TempDir dir, work;
+  Server server("--model tiny-wan-i2v", dir.path());
+  ASSERT_TRUE(server.wait_ready()) << server.job().log();
+  const at::Tensor picture =
+      at::arange(32 * 48 * 3, at::kInt).remainder(199).to(at::kByte).reshape({32, 48, 3});
+  const fs::path file = work.path() / "first.png";
+  xfuser::runner::write_png(file, picture);
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto c = server.client();
+  httplib::MultipartFormDataItems form = {{"prompt", "a cat", "", ""},
+                                          {"seed", "9", "", ""},
+                                          {"num_frames", "5", "", ""},
+                                          {"input_reference", bytes, "first.png", "image/png"}};
+  auto created = c.Post("/v1/videos", form);
+  ASSERT_TRUE(created);
+  ASSERT_EQ(created->status, 200) << created->body;
+  const std::string path = "/v1/videos/" + json::parse(created->body)["id"].get<std::string>();
+  json video;
+  for (int i = 0; i < 1200; ++i) {
+    video = json::parse(c.Get(path.c_str())->body);
+    if (video["status"] == "completed" || video["status"] == "failed") break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_EQ(video["status"], "completed") << video.dump();
+  auto content = c.Get((path + "/content").c_str());
+  ASSERT_TRUE(content);
+  xfuser::runner::write_file_atomic(work.path() / "served.mp4", content->body);
+  const at::Tensor expected = xfuser_run(
+      "--model tiny-wan-i2v --prompt \"a cat\" --seed 9 "
+      "--num_frames 5 --input_images " +
+          file.string(),
+      work.path() / "run", /*video=*/true);
+  EXPECT_TRUE(at::equal(xfuser::runner::read_video_frames(work.path() / "served.mp4"), expected));
+  // The uploaded picture is not left behind.
+  for (const auto& e : fs::recursive_directory_iterator(server.out())) {
+    EXPECT_NE(e.path().extension(), ".png") << e.path();
+  }
+}
+
 TEST(Serve, LoraScalesPerRequestEqualXfuserRunAtThatScale) {
   xfuser::testing::TempDir dir, work;
   const std::string adapter =

@@ -339,7 +339,8 @@ class Service {
     }
     port_ = port;
     listener_ = std::thread([this] { http_.listen_after_bind(); });
-    spdlog::info("serving {} on http://{}:{} (loading)", plan_.spec->id, config_.host, port);
+    spdlog::info("serving {} on http://{}:{} (loading; rank 0 is pid {}: SIGTERM to it drains)",
+                 plan_.spec->id, config_.host, port, ::getpid());
     if (!config_.port_file.empty()) write_file_atomic(config_.port_file, std::to_string(port));
   }
 
@@ -1073,6 +1074,11 @@ int serve(const RunConfig& given_run, const ServeConfig& given) {
            " is not supported: every rank runs each batch together (start one service per "
            "replica behind a load balancer)");
   validate_values(run);
+  // The other ranks wait for the next batch in a collective bounded by --comm_timeout; rank 0
+  // sends a heartbeat between batches, but not while a batch waits for more requests.
+  XF_CHECK(config.batch_wait_ms / 1000.0 < run.comm_timeout / 2, "xfuser serve: --batch_wait_ms ",
+           config.batch_wait_ms, " must be under half of --comm_timeout (", run.comm_timeout,
+           " s): the other ranks would time out waiting for the batch");
   std::shared_ptr<parallel::ProcessGroups> groups = make_process_groups(run, mpi);
   track_host_tensor_memory();
   configure_threads(mpi.local_size());
