@@ -324,6 +324,14 @@ class Service {
     setup_routes();
   }
 
+  // An error before the loop (loading the model) still stops the listener.
+  ~Service() {
+    http_.stop();
+    if (listener_.joinable()) listener_.join();
+  }
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
+
   // Starts listening (before the model loads: /health answers "loading").
   void start() {
     const int threads = config_.max_queue + config_.max_batch_size + 8;
@@ -467,7 +475,8 @@ class Service {
   }
 
  private:
-  // Answers still being written get a moment before the listener stops.
+  // Answers still being written (routed requests whose logger has not run) get a moment before
+  // the listener stops.
   void stop_http() {
     const auto until = Clock::now() + std::chrono::seconds(5);
     while (active_ > 0 && Clock::now() < until) {
@@ -809,14 +818,15 @@ class Service {
       }
       return httplib::Server::HandlerResponse::Unhandled;
     });
-    http_.set_post_routing_handler(
-        [this](const httplib::Request&, httplib::Response&) { --active_; });
     http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      const double seconds =
-          t_request_start == Clock::time_point{}
-              ? 0.0
-              : std::chrono::duration<double>(Clock::now() - t_request_start).count();
-      t_request_start = Clock::time_point{};
+      // The logger runs once per answer, after it is written: the end of a routed request
+      // (pre-routing set its start); answers httplib gives before routing (413) have none.
+      double seconds = 0;
+      if (t_request_start != Clock::time_point{}) {
+        seconds = std::chrono::duration<double>(Clock::now() - t_request_start).count();
+        t_request_start = Clock::time_point{};
+        --active_;
+      }
       metrics_.request(route_of(req.path), res.status, seconds);
       spdlog::debug("{} {} -> {} ({:.3f} s)", req.method, req.path, res.status, seconds);
     });
