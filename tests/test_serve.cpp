@@ -352,6 +352,26 @@ void expect_error(const httplib::Result& r, int status, const std::string& param
   }
 }
 
+// A picture written to `file` as PNG; its bytes, as a client uploads them.
+std::string png_upload(const at::Tensor& picture, const fs::path& file) {
+  xfuser::runner::write_png(file, picture);
+  std::ifstream in(file, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Polls a video job until it completes or fails (or 2 minutes pass); its last object.
+json wait_for_video(httplib::Client& c, const std::string& path) {
+  json video;
+  for (int i = 0; i < 1200; ++i) {
+    auto r = c.Get(path.c_str());
+    if (!r) break;
+    video = json::parse(r->body);
+    if (video["status"] == "completed" || video["status"] == "failed") break;
+    std::this_thread::sleep_for(100ms);
+  }
+  return video;
+}
+
 std::string python() {
   const char* p = std::getenv("XFUSER_TEST_PYTHON");
   return p ? p : "python3";
@@ -675,10 +695,7 @@ TEST(Serve, VideoJobsMatchXfuserRunAndAreDeletable) {
   EXPECT_EQ(video["seconds"], "0.5");
   const std::string id = video["id"];
   const std::string path = "/v1/videos/" + id;
-  for (int i = 0; i < 600 && video["status"] != "completed" && video["status"] != "failed"; ++i) {
-    std::this_thread::sleep_for(100ms);
-    video = json::parse(c.Get(path.c_str())->body);
-  }
+  video = wait_for_video(c, path);
   ASSERT_EQ(video["status"], "completed") << video.dump();
   EXPECT_EQ(video["progress"], 100);
   auto content = c.Get((path + "/content").c_str());
@@ -723,9 +740,7 @@ TEST(Serve, EditsTakeTheUploadedPictureAsXfuserRunTakesTheFile) {
   const at::Tensor picture =
       at::arange(64 * 64 * 3, at::kInt).remainder(251).to(at::kByte).reshape({64, 64, 3});
   const fs::path file = work.path() / "in.png";
-  xfuser::runner::write_png(file, picture);
-  std::ifstream in(file, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = png_upload(picture, file);
   auto c = server.client();
   httplib::MultipartFormDataItems form = {{"prompt", "make it red", "", ""},
                                           {"seed", "4", "", ""},
@@ -751,9 +766,7 @@ TEST(Serve, AVideoFromAFirstFrameTakesTheUploadedPicture) {
   const at::Tensor picture =
       at::arange(32 * 48 * 3, at::kInt).remainder(199).to(at::kByte).reshape({32, 48, 3});
   const fs::path file = work.path() / "first.png";
-  xfuser::runner::write_png(file, picture);
-  std::ifstream in(file, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = png_upload(picture, file);
   auto c = server.client();
   httplib::MultipartFormDataItems form = {{"prompt", "a cat", "", ""},
                                           {"seed", "9", "", ""},
@@ -763,12 +776,7 @@ TEST(Serve, AVideoFromAFirstFrameTakesTheUploadedPicture) {
   ASSERT_TRUE(created);
   ASSERT_EQ(created->status, 200) << created->body;
   const std::string path = "/v1/videos/" + json::parse(created->body)["id"].get<std::string>();
-  json video;
-  for (int i = 0; i < 1200; ++i) {
-    video = json::parse(c.Get(path.c_str())->body);
-    if (video["status"] == "completed" || video["status"] == "failed") break;
-    std::this_thread::sleep_for(100ms);
-  }
+  const json video = wait_for_video(c, path);
   ASSERT_EQ(video["status"], "completed") << video.dump();
   auto content = c.Get((path + "/content").c_str());
   ASSERT_TRUE(content);
@@ -848,12 +856,7 @@ TEST(Serve, TwoRanksServeAVideoAsXfuserRunMakesIt) {
   ASSERT_TRUE(created);
   ASSERT_EQ(created->status, 200) << created->body;
   const std::string path = "/v1/videos/" + json::parse(created->body)["id"].get<std::string>();
-  json video;
-  for (int i = 0; i < 1200; ++i) {
-    video = json::parse(c.Get(path.c_str())->body);
-    if (video["status"] == "completed" || video["status"] == "failed") break;
-    std::this_thread::sleep_for(100ms);
-  }
+  const json video = wait_for_video(c, path);
   ASSERT_EQ(video["status"], "completed") << video.dump();
   auto content = c.Get((path + "/content").c_str());
   ASSERT_TRUE(content);

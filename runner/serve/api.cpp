@@ -9,11 +9,7 @@ namespace xfuser::runner::serve {
 namespace {
 
 ApiError bad(const std::string& param, const std::string& message) {
-  ApiError e;
-  e.status = 400;
-  e.param = param;
-  e.message = message;
-  return e;
+  return make_error(400, message, "invalid_request_error", param);
 }
 
 // A form's values are strings: numbers are parsed from them, whole strings only.

@@ -42,6 +42,26 @@ std::string JobInputs::batch_key(const std::string& job_id) const {
   return key.dump();
 }
 
+ApiError make_error(int status, const std::string& message, const std::string& type,
+                    const std::string& param, const std::string& code) {
+  ApiError e;
+  e.status = status;
+  e.message = message;
+  e.type = type;
+  e.param = param;
+  e.code = code;
+  return e;
+}
+
+void Job::fail(const ApiError& error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (finished()) return;
+    this->error = error;
+  }
+  finish(JobState::kFailed);
+}
+
 void Job::finish(JobState final_state) {
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -154,13 +174,7 @@ void Scheduler::fail_all(const ApiError& error) {
     jobs.swap(queue_);
     closed_ = true;
   }
-  for (const auto& job : jobs) {
-    {
-      std::lock_guard<std::mutex> lock(job->mutex);
-      job->error = error;
-    }
-    job->finish(JobState::kFailed);
-  }
+  for (const auto& job : jobs) job->fail(error);
   arrived_.notify_all();
 }
 

@@ -31,6 +31,10 @@ struct ApiError {
   std::string code;
 };
 
+ApiError make_error(int status, const std::string& message,
+                    const std::string& type = "invalid_request_error",
+                    const std::string& param = "", const std::string& code = "");
+
 // The inputs of one job: one prompt, `n` outputs (seeds seed, seed + 1, ...), and the values
 // that must be equal for jobs to share a generation (batch_key).
 struct JobInputs {
@@ -82,6 +86,8 @@ struct Job {
   }
   // Marks the job finished in `state` and wakes its waiters.
   void finish(JobState final_state);
+  // Finishes it as failed with `error`.
+  void fail(const ApiError& error);
   // Waits until finished or `deadline`; true when finished.
   bool wait_until(Clock::time_point deadline);
 };

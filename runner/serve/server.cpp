@@ -390,7 +390,7 @@ class Service {
       error.status = 500;
       error.type = "server_error";
       error.message = std::string("the service failed and is ending: ") + e.what();
-      fail(running_jobs(), error);
+      for (const auto& job : running_jobs()) job->fail(error);
       error.status = 503;
       scheduler_.fail_all(error);
       stop_http();
@@ -455,16 +455,6 @@ class Service {
     return running_;
   }
 
-  static void fail(const std::vector<std::shared_ptr<Job>>& jobs, const ApiError& error) {
-    for (const auto& job : jobs) {
-      {
-        std::lock_guard<std::mutex> lock(job->mutex);
-        job->error = error;
-      }
-      job->finish(JobState::kFailed);
-    }
-  }
-
  public:
   // Rank 0's step callback: the running jobs' progress.
   void progress(int step, int total) {
@@ -496,13 +486,7 @@ class Service {
   }
   static ApiError error(int status, const std::string& message, const std::string& type,
                         const std::string& param = "", const std::string& code = "") {
-    ApiError e;
-    e.status = status;
-    e.message = message;
-    e.type = type;
-    e.param = param;
-    e.code = code;
-    return e;
+    return make_error(status, message, type, param, code);
   }
 
   // The model a request names must be this one (its id or an alias); empty names none.
@@ -534,35 +518,12 @@ class Service {
   }
 
   // Runs Runner::resolve_request on a job's inputs: what the model refuses is a 400.
-  std::optional<ApiError> check_inputs(const std::string& id, JobInputs& in,
-                                       ResolvedArgs* resolved) {
-    std::string bytes;
-    nlohmann::json sizes = nlohmann::json::array();
-    for (size_t k = 0; k < in.pictures.size(); ++k) {
-      bytes += in.pictures[k];
-      sizes.push_back({{"bytes", in.pictures[k].size()}, {"ext", in.picture_extensions[k]}});
-    }
+  std::optional<ApiError> check_inputs(const std::shared_ptr<Job>& job, ResolvedArgs* resolved) {
     try {
-      PictureFiles files(output_dir_ / ".serve-inputs" / "check", id, bytes, sizes);
-      nlohmann::json msg = {
-          {"jobs", nlohmann::json::array({{{"prompt", in.prompt},
-                                           {"negative_prompt", optional_json(in.negative_prompt)},
-                                           {"seed", in.seed},
-                                           {"n", in.n}}})}};
-      for (const char* key :
-           {"height", "width", "num_frames", "fps", "num_inference_steps", "max_sequence_length"}) {
-        msg[key] = nullptr;
-      }
-      msg["height"] = optional_json(in.height);
-      msg["width"] = optional_json(in.width);
-      msg["num_frames"] = optional_json(in.num_frames);
-      msg["fps"] = optional_json(in.fps);
-      msg["num_inference_steps"] = optional_json(in.num_inference_steps);
-      msg["guidance_scale"] = optional_json(in.guidance_scale);
-      msg["true_cfg_scale"] = optional_json(in.true_cfg_scale);
-      msg["guidance_scale_2"] = optional_json(in.guidance_scale_2);
-      msg["max_sequence_length"] = optional_json(in.max_sequence_length);
-      msg["lora_scales"] = in.lora_scales;
+      std::string pictures;
+      const nlohmann::json msg = batch_message({job}, &pictures);
+      PictureFiles files(output_dir_ / ".serve-inputs" / "check", job->id, pictures,
+                         msg["pictures"]);
       std::lock_guard<std::mutex> lock(*resolve_mutex_);
       *resolved = runner_.resolve_request(plan_, request_inputs(msg, files.paths()));
     } catch (const xfuser::Error& e) {
@@ -681,7 +642,7 @@ class Service {
                                      "invalid_request_error", files.front().name));
     }
     ResolvedArgs resolved;
-    if (auto e = check_inputs(job->id, job->inputs, &resolved)) return answer_error(res, *e);
+    if (auto e = check_inputs(job, &resolved)) return answer_error(res, *e);
     if (admit(job, res) == Admit::kAnswered) return;
     const auto deadline = job->created + std::chrono::milliseconds(
                                              static_cast<int64_t>(config_.request_timeout * 1000));
@@ -774,7 +735,7 @@ class Service {
       return answer_error(res, *e);
     }
     ResolvedArgs resolved;
-    if (auto e = check_inputs(job->id, job->inputs, &resolved)) return answer_error(res, *e);
+    if (auto e = check_inputs(job, &resolved)) return answer_error(res, *e);
     // The resolved values, so the video object reports what will be made.
     job->inputs.height = resolved.request.height;
     job->inputs.width = resolved.request.width;
