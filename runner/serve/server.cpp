@@ -484,10 +484,6 @@ class Service {
   static void answer_error(httplib::Response& res, const ApiError& e) {
     answer_json(res, e.status, error_body(e));
   }
-  static ApiError error(int status, const std::string& message, const std::string& type,
-                        const std::string& param = "", const std::string& code = "") {
-    return make_error(status, message, type, param, code);
-  }
 
   // The model a request names must be this one (its id or an alias); empty names none.
   std::optional<ApiError> check_model(const std::string& name) const {
@@ -498,9 +494,9 @@ class Service {
       if (&models::ModelRegistry::find(name) == &spec) return std::nullopt;
     } catch (const xfuser::Error&) {
     }
-    return error(404,
-                 "model '" + name + "' is not served here; this server serves '" + spec.id + "'",
-                 "invalid_request_error", "model", "model_not_found");
+    return make_error(
+        404, "model '" + name + "' is not served here; this server serves '" + spec.id + "'",
+        "invalid_request_error", "model", "model_not_found");
   }
 
   // Can the service take a job now? (loading, draining, unhealthy: 503)
@@ -510,11 +506,12 @@ class Service {
                                   ? std::string("draining")
                                   : std::string(state_);
     if (state == "ok") return std::nullopt;
-    return error(503,
-                 state == "loading"    ? "the model is still loading; retry shortly"
-                 : state == "draining" ? "the server is shutting down and takes no new requests"
-                                       : "the server is unhealthy and is ending",
-                 "server_error", "", state);
+    return make_error(503,
+                      state == "loading" ? "the model is still loading; retry shortly"
+                      : state == "draining"
+                          ? "the server is shutting down and takes no new requests"
+                          : "the server is unhealthy and is ending",
+                      "server_error", "", state);
   }
 
   // Runs Runner::resolve_request on a job's inputs: what the model refuses is a 400.
@@ -527,7 +524,7 @@ class Service {
       std::lock_guard<std::mutex> lock(*resolve_mutex_);
       *resolved = runner_.resolve_request(plan_, request_inputs(msg, files.paths()));
     } catch (const xfuser::Error& e) {
-      return error(400, client_message(e), "invalid_request_error", client_param(e));
+      return make_error(400, client_message(e), "invalid_request_error", client_param(e));
     }
     return std::nullopt;
   }
@@ -550,8 +547,8 @@ class Service {
     try {
       *body = nlohmann::json::parse(req.body);
     } catch (const nlohmann::json::parse_error& e) {
-      return error(400, std::string("the body is not valid JSON: ") + e.what(),
-                   "invalid_request_error");
+      return make_error(400, std::string("the body is not valid JSON: ") + e.what(),
+                        "invalid_request_error");
     }
     return std::nullopt;
   }
@@ -561,14 +558,14 @@ class Service {
                                         const std::set<std::string>& fields, JobInputs* in) {
     for (const auto& file : files) {
       if (!fields.count(file.name)) {
-        return error(400, "unknown file field '" + file.name + "'", "invalid_request_error",
-                     file.name);
+        return make_error(400, "unknown file field '" + file.name + "'", "invalid_request_error",
+                          file.name);
       }
       const std::string ext = picture_extension(file.content);
       if (ext.empty()) {
-        return error(400,
-                     "'" + file.name + "' (" + file.filename + ") is not a PNG or JPEG picture",
-                     "invalid_request_error", file.name);
+        return make_error(
+            400, "'" + file.name + "' (" + file.filename + ") is not a PNG or JPEG picture",
+            "invalid_request_error", file.name);
       }
       in->pictures.push_back(file.content);
       in->picture_extensions.push_back(ext);
@@ -585,10 +582,10 @@ class Service {
       case SubmitResult::kFull: {
         const double per_batch = std::max(1.0, last_batch_seconds_.load());
         res.set_header("Retry-After", std::to_string(static_cast<int>(std::ceil(per_batch))));
-        answer_error(res, error(429,
-                                "the queue is full (" + std::to_string(config_.max_queue) +
-                                    " jobs); retry after the Retry-After seconds",
-                                "rate_limit_error", "", "queue_full"));
+        answer_error(res, make_error(429,
+                                     "the queue is full (" + std::to_string(config_.max_queue) +
+                                         " jobs); retry after the Retry-After seconds",
+                                     "rate_limit_error", "", "queue_full"));
         return Admit::kAnswered;
       }
       case SubmitResult::kClosed:
@@ -601,12 +598,13 @@ class Service {
   void images(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
     if (auto e = check_accepting()) return answer_error(res, *e);
     if (endpoint == Endpoint::kImageEdits && !edits_) {
-      return answer_error(res,
-                          error(400, plan_.spec->id + " does not take input pictures (no edits)",
-                                "invalid_request_error", "image"));
+      return answer_error(
+          res, make_error(400, plan_.spec->id + " does not take input pictures (no edits)",
+                          "invalid_request_error", "image"));
     }
     if (video_) {
-      return answer_error(res, error(400, plan_.spec->id + " makes videos: use POST /v1/videos",
+      return answer_error(res,
+                          make_error(400, plan_.spec->id + " makes videos: use POST /v1/videos",
                                      "invalid_request_error", "model"));
     }
     nlohmann::json body;
@@ -614,7 +612,8 @@ class Service {
     std::vector<httplib::MultipartFormData> files;
     if (auto e = read_body(req, &body, &form, &files)) return answer_error(res, *e);
     if (endpoint == Endpoint::kImageEdits && !form) {
-      return answer_error(res, error(400, "/v1/images/edits takes a multipart form (image, prompt)",
+      return answer_error(res,
+                          make_error(400, "/v1/images/edits takes a multipart form (image, prompt)",
                                      "invalid_request_error"));
     }
     ParsedRequest parsed;
@@ -634,12 +633,12 @@ class Service {
         return answer_error(res, *e);
       }
       if (job->inputs.pictures.empty()) {
-        return answer_error(res,
-                            error(400, "'image' is required", "invalid_request_error", "image"));
+        return answer_error(
+            res, make_error(400, "'image' is required", "invalid_request_error", "image"));
       }
     } else if (!files.empty()) {
-      return answer_error(res, error(400, "/v1/images/generations takes no files",
-                                     "invalid_request_error", files.front().name));
+      return answer_error(res, make_error(400, "/v1/images/generations takes no files",
+                                          "invalid_request_error", files.front().name));
     }
     ResolvedArgs resolved;
     if (auto e = check_inputs(job, &resolved)) return answer_error(res, *e);
@@ -657,11 +656,11 @@ class Service {
     }
     if (!job->wait_until(deadline)) {
       const bool was_queued = scheduler_.cancel(job->id);
-      return answer_error(res, error(504,
-                                     std::string("the request timed out after ") +
-                                         std::to_string(config_.request_timeout) + " s " +
-                                         (was_queued ? "in the queue" : "while generating"),
-                                     "timeout_error", "", "timeout"));
+      return answer_error(res, make_error(504,
+                                          std::string("the request timed out after ") +
+                                              std::to_string(config_.request_timeout) + " s " +
+                                              (was_queued ? "in the queue" : "while generating"),
+                                          "timeout_error", "", "timeout"));
     }
     std::lock_guard<std::mutex> lock(job->mutex);
     if (job->state != JobState::kCompleted) return answer_error(res, job->error);
@@ -713,8 +712,8 @@ class Service {
   void create_video(const httplib::Request& req, httplib::Response& res) {
     if (auto e = check_accepting()) return answer_error(res, *e);
     if (!video_) {
-      return answer_error(res, error(400, plan_.spec->id + " makes images: use /v1/images",
-                                     "invalid_request_error", "model"));
+      return answer_error(res, make_error(400, plan_.spec->id + " makes images: use /v1/images",
+                                          "invalid_request_error", "model"));
     }
     nlohmann::json body;
     bool form = false;
@@ -761,8 +760,8 @@ class Service {
   }
 
   void video_not_found(httplib::Response& res, const std::string& id) {
-    answer_error(
-        res, error(404, "no video '" + id + "'", "invalid_request_error", "video_id", "not_found"));
+    answer_error(res, make_error(404, "no video '" + id + "'", "invalid_request_error", "video_id",
+                                 "not_found"));
   }
 
   void setup_routes() {
@@ -774,8 +773,8 @@ class Service {
       }
       if (req.get_header_value("Authorization") != "Bearer " + config_.api_key) {
         res.set_header("WWW-Authenticate", "Bearer");
-        answer_error(res, error(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                "invalid_request_error", "", "invalid_api_key"));
+        answer_error(res, make_error(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                     "invalid_request_error", "", "invalid_api_key"));
         return httplib::Server::HandlerResponse::Handled;
       }
       return httplib::Server::HandlerResponse::Unhandled;
@@ -799,9 +798,10 @@ class Service {
       if (res.status == 400) message = "the request could not be read (malformed body or form)";
       if (res.status == 404) message = "no route " + req.method + " " + req.path;
       if (res.status == 413) message = "the request body is too large";
-      answer_json(res, res.status,
-                  error_body(error(res.status, message,
-                                   res.status >= 500 ? "server_error" : "invalid_request_error")));
+      answer_json(
+          res, res.status,
+          error_body(make_error(res.status, message,
+                                res.status >= 500 ? "server_error" : "invalid_request_error")));
     });
     http_.set_exception_handler(
         [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -813,7 +813,7 @@ class Service {
           } catch (...) {
           }
           spdlog::error("serve: request failed: {}", what);
-          answer_json(res, 500, error_body(error(500, what, "server_error")));
+          answer_json(res, 500, error_body(make_error(500, what, "server_error")));
         });
 
     http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -882,38 +882,38 @@ class Service {
       {
         std::lock_guard<std::mutex> lock(job->mutex);
         if (job->state != JobState::kCompleted) {
-          return answer_error(res, error(409,
-                                         "video '" + job->id + "' is " +
-                                             job_state_name(job->state) + ", not completed",
-                                         "invalid_request_error", "video_id", "not_ready"));
+          return answer_error(res, make_error(409,
+                                              "video '" + job->id + "' is " +
+                                                  job_state_name(job->state) + ", not completed",
+                                              "invalid_request_error", "video_id", "not_ready"));
         }
         path = job->outputs.front();
       }
       serve_file(res, path, "video/mp4");
     });
-    http_.Delete(
-        R"(/v1/videos/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
-          auto job = find_video(req.matches[1]);
-          if (!job) return video_not_found(res, req.matches[1]);
-          scheduler_.cancel(job->id);  // queued: cancelled now
-          std::lock_guard<std::mutex> lock(job->mutex);
-          if (job->state == JobState::kRunning) {
-            return answer_error(res, error(409,
-                                           "video '" + job->id +
-                                               "' is being generated on every rank and cannot be "
-                                               "stopped midway; delete it once completed",
-                                           "invalid_request_error", "video_id", "in_progress"));
-          }
-          for (const auto& path : job->outputs) {
-            std::error_code ec;
-            fs::remove(path, ec);
-          }
-          {
-            std::lock_guard<std::mutex> videos_lock(videos_mutex_);
-            videos_.erase(job->id);
-          }
-          answer_json(res, 200, {{"id", job->id}, {"object", "video.deleted"}, {"deleted", true}});
-        });
+    http_.Delete(R"(/v1/videos/([^/]+))", [this](const httplib::Request& req,
+                                                 httplib::Response& res) {
+      auto job = find_video(req.matches[1]);
+      if (!job) return video_not_found(res, req.matches[1]);
+      scheduler_.cancel(job->id);  // queued: cancelled now
+      std::lock_guard<std::mutex> lock(job->mutex);
+      if (job->state == JobState::kRunning) {
+        return answer_error(res, make_error(409,
+                                            "video '" + job->id +
+                                                "' is being generated on every rank and cannot be "
+                                                "stopped midway; delete it once completed",
+                                            "invalid_request_error", "video_id", "in_progress"));
+      }
+      for (const auto& path : job->outputs) {
+        std::error_code ec;
+        fs::remove(path, ec);
+      }
+      {
+        std::lock_guard<std::mutex> videos_lock(videos_mutex_);
+        videos_.erase(job->id);
+      }
+      answer_json(res, 200, {{"id", job->id}, {"object", "video.deleted"}, {"deleted", true}});
+    });
     // Pictures answered as URLs: only the service's own files, by name.
     http_.Get(R"(/v1/files/(img_[0-9a-f]+_[0-9]+\.png))",
               [this](const httplib::Request& req, httplib::Response& res) {
@@ -924,8 +924,8 @@ class Service {
   void serve_file(httplib::Response& res, const fs::path& path, const char* type) {
     std::ifstream in(path, std::ios::binary);
     if (!in) {
-      return answer_error(res, error(404, "no file '" + path.filename().string() + "'",
-                                     "invalid_request_error", "", "not_found"));
+      return answer_error(res, make_error(404, "no file '" + path.filename().string() + "'",
+                                          "invalid_request_error", "", "not_found"));
     }
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     res.set_content(std::move(bytes), type);
