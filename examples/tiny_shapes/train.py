@@ -1,29 +1,38 @@
-"""Trains tiny-shapes: a FLUX.1-architecture diffusers pipeline that draws captioned shapes.
+"""Trains tiny-shapes: a FLUX.1-architecture diffusers pipeline that draws the shapes a caption
+asks for, the caption written as a person would write it.
 
     python3 -m venv V && V/bin/pip install -r tests/fixtures/requirements.txt
-    V/bin/python examples/tiny_shapes/train.py --out models/flux/tiny_shapes
+    V/bin/python examples/tiny_shapes/train.py --out models/flux/tiny_shapes --state /tmp/ts
 
 Writes a normal FluxPipeline folder (model_index.json, scheduler/, tokenizer/ (CLIP byte-level
-BPE whose merges make every caption word one token), tokenizer_2/ (a SentencePiece BPE model
-holding every caption word as one piece), text_encoder/ (CLIPTextModel), text_encoder_2/
-(T5EncoderModel), transformer/ (FluxTransformer2DModel), vae/ (AutoencoderKL)) that diffusers
-and xfuser both load unchanged, plus heldout.json (the one-shape scenes never shown in training,
-for tests/test_tiny_shapes.cpp) and train_log.json (losses, times, the held-out score measured
-here with diffusers' FluxPipeline).
+BPE whose merges make every known caption word one token), tokenizer_2/ (a SentencePiece unigram
+model holding every known caption word as one piece), text_encoder/ (CLIPTextModel),
+text_encoder_2/ (T5EncoderModel), transformer/ (FluxTransformer2DModel), vae/ (AutoencoderKL,
+4x down)) that diffusers and xfuser both load unchanged, plus heldout.json (the held-out sets of
+shapes.held_out_sets, for score.py and tests/test_tiny_shapes.cpp) and train_log.json (losses,
+times, the held-out scores measured here with diffusers' FluxPipeline).
 
-What is trained, in order (deterministic from --seed on a fixed thread count; ~1 h on 2 cores):
+What is trained, in order (deterministic from --seed on a fixed thread count):
   1. the VAE, on random 64x64 crops of drawn pictures (it is fully convolutional): L1 of the
-     decoded latent mean plus noise of std 0.1, and a small L2 on the latents;
-     then shift_factor and scaling_factor are set from the latents' mean and std, as FLUX.1's;
-  2. a fixed set of pictures is encoded once;
+     decoded latent mean plus noise of std --vae_noise, the L1 of the pictures' gradients (edges
+     stay sharp: the shapes' kinds are in their corners), and a small L2 on the latents; then
+     shift_factor and scaling_factor are set from the latents' mean and std, as FLUX.1's;
+  2. a fixed set of pictures is encoded once, each with --captions captions drawn from
+     shapes.training_caption (phrasings, orders, left-out parts, fillers, made-up words);
   3. the transformer, T5 and CLIP together, from seeded random weights, by rectified flow (the
      pipeline's velocity: noise - x0, at sigmas drawn logit-normal and shifted as the pipeline's
-     schedule is at 128x128), with an EMA of the weights, which is what is saved. FLUX gives text
-     tokens no position (txt_ids are zero), so which colour word is the background's must come
-     from the text encoders: they learn it here. The guidance embedding's output is held at zero:
-     this model has no distilled guidance, and a guidance value changes nothing;
+     schedule is at this size), with an EMA of the weights, which is what is saved. FLUX gives
+     text tokens no position (txt_ids are zero), so which colour word belongs to which shape,
+     place or the background must come from the text encoders: they learn it here. The guidance
+     embedding's output is held at zero: this model has no distilled guidance;
   4. the VAE's decoder alone, on whole pictures, from the stored VAE (the encoder and so the
      latent space stay as the transformer learned them).
+
+--state keeps what each phase made (the VAE, the encoded set, phase 3's weights, EMA, optimizer
+and random state every --checkpoint_every steps): a run stopped anywhere resumes there with the
+same command, and a finished phase 3 is extended by a larger --steps (the learning-rate schedule
+is a function of the step and --steps, so an extended run is not the run made at once with that
+--steps; train_log.json records every stretch).
 """
 
 import argparse
@@ -42,8 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shapes  # noqa: E402
 
 CLIP_MAX = 77
-HELD_OUT_SEED = 1234
-HELD_OUT_COUNT = 300
+T5_PIECES = 256
 
 
 def log(*a):
@@ -51,12 +59,26 @@ def log(*a):
 
 
 # ---------------------------------------------------------------- tokenizers
+def bytes_to_unicode():
+    """CLIP's (GPT-2's) byte-to-symbol map: printable bytes map to themselves, the others to
+    code points from 256 up, in byte order."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    out, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
 def write_clip_tokenizer(out, words):
     """CLIP's layout: the 256 byte symbols, the same with </w>, one entry per merge, then
     <|startoftext|> and <|endoftext|>. Merges: the most frequent adjacent pair over the words
     (ties: the smallest pair), until every word is one symbol."""
-    from transformers.models.clip.tokenization_clip import bytes_to_unicode
-    b2u = bytes_to_unicode()  # CLIP's (GPT-2's) byte-to-symbol map
+    b2u = bytes_to_unicode()
     seqs = {w: [b2u[b] for b in w.encode()] for w in words}
     for w in seqs:
         seqs[w][-1] += "</w>"
@@ -107,20 +129,47 @@ def strip_paths(model_file):
     model_file.write_bytes(m.SerializeToString())
 
 
-def write_t5_tokenizer(out, corpus):
+def whole_words(model_file, words):
+    """Makes each known caption word one piece of the unigram model: a word the trainer left
+    split (a rare one, such as "against") gets its piece, and every word piece a log-probability
+    of at least -3, above any split of it into two or more of the other pieces."""
+    from transformers.convert_slow_tokenizer import import_protobuf
+    m = import_protobuf().ModelProto()
+    m.ParseFromString(model_file.read_bytes())
+    index = {p.piece: p for p in m.pieces}
+    for w in words:
+        if not w.isalpha():
+            continue
+        piece = index.get("\u2581" + w)
+        if piece is None:
+            piece = m.pieces.add()
+            piece.piece = "\u2581" + w
+            piece.score = -3.0
+            piece.type = 1  # NORMAL
+        piece.score = max(piece.score, -3.0)
+    model_file.write_bytes(m.SerializeToString())
+
+
+def write_t5_tokenizer(out, corpus, words):
+    """A SentencePiece unigram model: the caption words as whole pieces (checked by the caller),
+    letters and word parts for the rest. Unigram, not BPE: transformers' T5 tokenizers (the
+    fast one, and every T5Tokenizer of transformers 5) rebuild a unigram model from the pieces'
+    scores, which splits a BPE model's words differently from SentencePiece (and so from xfuser
+    and transformers 4's slow T5Tokenizer); on a unigram model all of them agree."""
     import sentencepiece as spm
     out.mkdir(parents=True)
     text = out / ".corpus.txt"
     text.write_text("\n".join(corpus) + "\n")
     # T5's id layout: <pad> 0, </s> 1, <unk> 2, no BOS.
     spm.SentencePieceTrainer.train(
-        input=str(text), model_prefix=str(out / "spiece"), vocab_size=120, model_type="bpe",
+        input=str(text), model_prefix=str(out / "spiece"), vocab_size=T5_PIECES, model_type="unigram",
         hard_vocab_limit=False, character_coverage=1.0, num_threads=1, pad_id=0, eos_id=1,
         unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
-        minloglevel=2)
+        minloglevel=2, user_defined_symbols=[], split_digits=False)
     text.unlink()
     (out / "spiece.vocab").unlink()
     strip_paths(out / "spiece.model")
+    whole_words(out / "spiece.model", words)
     (out / "special_tokens_map.json").write_text(json.dumps({
         "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}, indent=2) + "\n")
     (out / "tokenizer_config.json").write_text(json.dumps({
@@ -141,10 +190,10 @@ def pack(z):
     return z.reshape(b, (h // 2) * (w // 2), c * 4)
 
 
-def flux_ids(max_seq):
-    """FluxPipeline's img_ids for the 128x128 latent grid, its zero txt_ids, and its schedule's mu
-    at this size (sigma' = e^mu s / (1 + (e^mu - 1) s))."""
-    hl = shapes.SIZE // 16
+def flux_ids(max_seq, vae_scale):
+    """FluxPipeline's img_ids for the packed latent grid of a SIZE x SIZE picture, its zero
+    txt_ids, and its schedule's mu at this size (sigma' = e^mu s / (1 + (e^mu - 1) s))."""
+    hl = shapes.SIZE // vae_scale // 2
     img_ids = torch.zeros(hl, hl, 3)
     img_ids[..., 1] = torch.arange(hl)[:, None]
     img_ids[..., 2] = torch.arange(hl)[None, :]
@@ -152,31 +201,102 @@ def flux_ids(max_seq):
     return img_ids.reshape(-1, 3), torch.zeros(max_seq, 3), hl * hl * m + (0.5 - m * 256)
 
 
-def flow_batch(x0_all, batch, mu, g):
-    """One rectified-flow batch: picture indices, x0, noise, sigmas (logit-normal, shifted by mu),
-    guidance values (uniform 1..5; the guidance embedding is held at zero, so they change
-    nothing) and x_t."""
-    idx = torch.randint(0, x0_all.shape[0], (batch,), generator=g)
+def flow_batch(n_pictures, n_captions, x0_all, batch, mu, g):
+    """One rectified-flow batch: picture indices, caption indices (one of each picture's),
+    x0, noise, sigmas (logit-normal, shifted by mu), guidance values (uniform 1..5; the guidance
+    embedding is held at zero, so they change nothing) and x_t."""
+    idx = torch.randint(0, n_pictures, (batch,), generator=g)
+    cap = idx * n_captions + torch.randint(0, n_captions, (batch,), generator=g)
     x0 = x0_all[idx]
     noise = torch.randn(x0.shape, generator=g)
     s = torch.sigmoid(torch.randn(batch, generator=g))
     s = math.exp(mu) * s / (1 + (math.exp(mu) - 1) * s)
     guidance = 1.0 + 4.0 * torch.rand(batch, generator=g)
     xt = (1 - s[:, None, None]) * x0 + s[:, None, None] * noise
-    return idx, x0, noise, s, guidance, xt
+    return idx, cap, x0, noise, s, guidance, xt
 
 
-def encode_pictures(vae, n, rng, excluded):
+def encode_pictures(vae, n, n_captions, rng, excluded, excluded_multi):
     """n fresh scenes drawn from rng (none held out), VAE-encoded (latent mode) in batches of
-    64: (raw latents, captions, the last batch's pixels)."""
-    caps, lat = [], []
+    64, each with n_captions captions: (raw latents, captions, the last batch's pixels, the
+    specs). Without a VAE, the same draws from rng and no latents (the specs of a set encoded
+    before, from the same rng)."""
+    caps, lat, all_specs = [], [], []
     with torch.no_grad():
         for i in range(0, n, 64):
-            scenes = [shapes.random_scene(rng, excluded) for _ in range(min(64, n - i))]
-            x = to_tensor([shapes.draw(sc, rng) for sc in scenes])
-            lat.append(vae.encode(x).latent_dist.mode())
-            caps += [shapes.caption(sc) for sc in scenes]
-    return torch.cat(lat), caps, x
+            specs = [shapes.random_spec(rng, excluded, excluded_multi)
+                     for _ in range(min(64, n - i))]
+            x = to_tensor([shapes.draw(sp.scene, rng) for sp in specs])
+            if vae is not None:
+                lat.append(vae.encode(x).latent_dist.mode())
+            for sp in specs:
+                caps += [shapes.training_caption(sp, rng) for _ in range(n_captions)]
+            all_specs += specs
+    return (torch.cat(lat) if lat else None), caps, x, all_specs
+
+
+def parse_targets(specs, n_captions):
+    """What each caption says, as the auxiliary parser's targets (one row per caption): the
+    background colour; each colour's number of shapes (0-3); and, where the caption says the
+    places, each of the nine cells' colour, kind and size (the last class of each: empty)."""
+    colours, sizes = list(shapes.COLOURS), list(shapes.SIZES)
+    bg = torch.zeros(len(specs), dtype=torch.long)
+    bag = torch.zeros(len(specs), len(colours), dtype=torch.long)
+    cells = torch.zeros(len(specs), 9, 3, dtype=torch.long)
+    cells[:, :, 0], cells[:, :, 1], cells[:, :, 2] = len(colours), len(shapes.KINDS), len(sizes)
+    said = torch.zeros(len(specs))
+    for i, sp in enumerate(specs):
+        b, items = sp.scene
+        bg[i] = colours.index(b)
+        said[i] = float(sp.say_places)
+        for kind, colour, size, (r, c) in items:
+            bag[i, colours.index(colour)] += 1
+            cells[i, r * 3 + c] = torch.tensor([colours.index(colour), shapes.KINDS.index(kind),
+                                                sizes.index(size)])
+    rep = lambda t: t.repeat_interleave(n_captions, 0)  # noqa: E731
+    return {"bg": rep(bg), "bag": rep(bag), "cells": rep(cells), "said": rep(said)}
+
+
+class Parser(torch.nn.Module):
+    """The auxiliary scene parser trained on the text encoders' outputs in phase 3 (not part of
+    the pipeline): from T5's tokens, the background colour and each colour's count (a masked
+    mean over the caption's tokens) and each cell's colour, kind and size (nine learned queries
+    attending over the tokens); from CLIP's pooled vector, the background colour and the counts.
+    Its loss teaches T5 to bind each colour, size and place to its shape, which FLUX's
+    position-free text tokens need and the diffusion loss alone teaches slowly."""
+
+    def __init__(self, width, clip_width):
+        super().__init__()
+        n = len(shapes.COLOURS)
+        self.bg = torch.nn.Linear(width, n)
+        self.bag = torch.nn.Linear(width, n * 4)
+        self.clip_bg = torch.nn.Linear(clip_width, n)
+        self.clip_bag = torch.nn.Linear(clip_width, n * 4)
+        self.queries = torch.nn.Parameter(torch.randn(9, width) / width ** 0.5)
+        self.cell = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(),
+                                        torch.nn.Linear(width, (n + 1) + 4 + 4))
+
+    def loss(self, hidden, mask, pooled, t):
+        n = len(shapes.COLOURS)
+        m = mask[..., None].float()
+        mean = (hidden * m).sum(1) / m.sum(1)
+        ce = F.cross_entropy
+        loss = ce(self.bg(mean), t["bg"]) + ce(self.bag(mean).view(-1, n, 4).transpose(1, 2),
+                                               t["bag"])
+        loss = loss + ce(self.clip_bg(pooled), t["bg"]) + ce(
+            self.clip_bag(pooled).view(-1, n, 4).transpose(1, 2), t["bag"])
+        att = torch.einsum("qd,bld->bql", self.queries, hidden) / hidden.shape[-1] ** 0.5
+        att = att.masked_fill(~mask[:, None, :], float("-inf")).softmax(-1)
+        out = self.cell(torch.einsum("bql,bld->bqd", att, hidden))
+        said = t["said"]
+        if said.sum() > 0:
+            cells = t["cells"]
+            parts = [(out[..., :n + 1], cells[..., 0]), (out[..., n + 1:n + 5], cells[..., 1]),
+                     (out[..., n + 5:], cells[..., 2])]
+            per = sum(F.cross_entropy(o.reshape(-1, o.shape[-1]), c.reshape(-1),
+                                      reduction="none").view(-1, 9).mean(1) for o, c in parts)
+            loss = loss + (per * said).sum() / said.sum()
+        return loss
 
 
 def save_pairs(pair, path):
@@ -186,76 +306,125 @@ def save_pairs(pair, path):
                     .reshape(-1, 2 * shapes.SIZE, 3).numpy()).save(path)
 
 
+def focus(x, bg):
+    """Per-pixel loss weights: 1 on the background, 5 on and within 2 pixels of a shape, so the
+    few shape pixels of a picture (whose corners tell the kinds apart) are not drowned by the
+    flat background, which a blurry reconstruction already gets right."""
+    shape = ((x - bg[:, :, None, None]).abs().amax(1, keepdim=True) > 0.05).float()
+    return 1.0 + 4.0 * F.max_pool2d(shape, 5, stride=1, padding=2)
+
+
+def vae_loss(vae, x, bg, noise, decoder_only=False):
+    """Focus-weighted L1 of the round trip, focus-weighted L1 of its gradients (edges stay
+    sharp), and the latent mean (for the caller's small L2)."""
+    if decoder_only:
+        with torch.no_grad():
+            mean = vae.encode(x).latent_dist.mean
+    else:
+        mean = vae.encode(x).latent_dist.mean
+    rec = vae.decode(mean + noise * torch.randn_like(mean)).sample
+    w = focus(x, bg)
+    l1 = ((rec - x).abs() * w).mean() / w.mean()
+    gy = ((rec[:, :, 1:] - rec[:, :, :-1]) - (x[:, :, 1:] - x[:, :, :-1])).abs() * w[:, :, 1:]
+    gx = ((rec[..., 1:] - rec[..., :-1]) - (x[..., 1:] - x[..., :-1])).abs() * w[..., 1:]
+    return l1, (gy.mean() + gx.mean()) / w.mean(), mean
+
+
+def vae_batch(rng, n, excluded, excluded_multi, crop):
+    """n training pictures (and their background colours, -1..1), each cropped to crop x crop
+    around one of its shapes (a random offset of up to a quarter crop), or whole when crop is
+    the picture's size."""
+    xs, bgs = [], []
+    for _ in range(n):
+        spec = shapes.random_spec(rng, excluded, excluded_multi)
+        img = shapes.draw(spec.scene, rng)
+        if crop < shapes.SIZE:
+            _, _, _, place = spec.scene[1][int(rng.integers(len(spec.scene[1])))]
+            cx, cy = shapes.cell_center(place)
+            q = crop // 4
+            oy = int(np.clip(cy - crop / 2 + rng.integers(-q, q + 1), 0, shapes.SIZE - crop))
+            ox = int(np.clip(cx - crop / 2 + rng.integers(-q, q + 1), 0, shapes.SIZE - crop))
+            img = img[oy:oy + crop, ox:ox + crop]
+        xs.append(img)
+        bgs.append(shapes.COLOURS[spec.scene[0]])
+    return to_tensor(xs), torch.tensor(bgs, dtype=torch.float32) / 127.5 - 1.0
+
+
 # ---------------------------------------------------------------- main
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, type=Path, help="the pipeline folder to write")
-    ap.add_argument("--report_dir", type=Path, default=Path(__file__).resolve().parent,
-                    help="where heldout.json, train_log.json and preview.png go")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--vae_steps", type=int, default=1200)
-    ap.add_argument("--vae_lr", type=float, default=1e-3)
-    ap.add_argument("--train_pictures", type=int, default=12000)
-    ap.add_argument("--steps", type=int, default=2600,
-                    help="phase 3: the transformer and the text encoders together")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--text_lr", type=float, default=1e-3, help="the text encoders' in phase 3")
-    ap.add_argument("--decoder_steps", type=int, default=400,
-                    help="phase 4: the decoder alone on whole pictures")
-    ap.add_argument("--from_phase", type=int, default=1, choices=[1, 4],
-                    help="4: start there, on the folder phases 1-3 wrote (--out)")
-    ap.add_argument("--eval", type=int, default=100, help="held-out scenes scored at the end")
-    ap.add_argument("--dtype", default="bfloat16", help="storage dtype of the transformer/VAE")
-    args = ap.parse_args()
-
-    torch.set_num_threads(args.threads)
-    if args.from_phase > 1:
-        held = shapes.held_out(HELD_OUT_SEED, HELD_OUT_COUNT)
-        finish(args, held, json.loads((args.report_dir / "train_log.json").read_text())[
-            "max_sequence_length"])
-        return
-    torch.manual_seed(args.seed)
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
-
-    out = args.out
-    if out.exists() and any(out.iterdir()):  # phases 1-3 write a new folder
-        sys.exit(f"{out} exists and is not empty")
-    out.mkdir(parents=True, exist_ok=True)
-    t_start = time.time()
-    rng = np.random.default_rng(args.seed)
-    held = shapes.held_out(HELD_OUT_SEED, HELD_OUT_COUNT)
-    excluded = set(held)
-    train_log = {"seed": args.seed, "threads": args.threads, "args": {
-        k: str(v) for k, v in vars(args).items()}}
-
-    # Tokenizers.
+def make_tokenizers(folder, seed):
+    """tokenizer/ and tokenizer_2/ in `folder` from the training distribution's captions and the
+    held-out ones (their real English unknown words get letter pieces, as any text does);
+    checked: every known word is one token of each, and transformers' T5 tokenizer splits every
+    caption as SentencePiece does. Returns the T5 sequence length (the longest caption, + </s>,
+    rounded up to 8)."""
+    rng = np.random.default_rng(seed + 10)
+    _, _, sets = shapes.held_out_sets()
     words = shapes.vocabulary()
-    clip_vocab = write_clip_tokenizer(out / "tokenizer", words)
-    corpus = [shapes.caption(shapes.random_scene(rng, excluded)) for _ in range(3000)]
-    corpus += [shapes.caption(s) for s in shapes.single_scenes()]
-    sp = write_t5_tokenizer(out / "tokenizer_2", corpus)
+    clip_vocab = write_clip_tokenizer(folder / "tokenizer", words)
+    corpus = [shapes.training_caption(shapes.random_spec(rng), rng) for _ in range(20000)]
+    sp = write_t5_tokenizer(folder / "tokenizer_2", corpus, words)
     for w in words:
+        if w in (",", "-"):
+            continue
         pieces = sp.encode(w, out_type=str)
         assert pieces == ["▁" + w], f"T5 tokenizer splits {w!r}: {pieces}"
-    longest = max(len(sp.encode(c)) for c in corpus) + 1
+    held = [c for items in sets.values() for _, c in items]
+    longest = max(len(sp.encode(c)) for c in corpus + held) + 1
+    from transformers import CLIPTokenizer, T5TokenizerFast
+    tok1 = CLIPTokenizer.from_pretrained(folder / "tokenizer")
+    tok2 = T5TokenizerFast.from_pretrained(folder / "tokenizer_2")
+    for c in corpus[:2000] + held:
+        assert tok2(c).input_ids == sp.encode(c) + [1], f"T5TokenizerFast differs on {c!r}"
+    for w in words:
+        assert len(tok1(w).input_ids) == 3, f"CLIP tokenizer splits {w!r}"
     max_seq = int(math.ceil(longest / 8) * 8)
     log(f"tokenizers: CLIP {clip_vocab} entries, T5 {sp.get_piece_size()} pieces, "
         f"longest caption {longest} T5 tokens -> max_sequence_length {max_seq}")
-    train_log["max_sequence_length"] = max_seq
+    return clip_vocab, sp.get_piece_size(), max_seq
 
-    from transformers import CLIPTokenizer, T5TokenizerFast
-    tok1 = CLIPTokenizer.from_pretrained(out / "tokenizer")
-    tok2 = T5TokenizerFast.from_pretrained(out / "tokenizer_2")
-    for c in corpus[:50]:
-        assert tok2(c).input_ids == sp.encode(c) + [1], f"T5TokenizerFast differs on {c!r}"
-    for w in words:
-        ids = tok1(w).input_ids
-        assert len(ids) == 3, f"CLIP tokenizer splits {w!r}: {ids}"
 
-    # Text encoders: seeded random, trained with the transformer in phase 3.
+def train_vae(args, excluded, excluded_multi):
+    """Phase 1."""
+    from diffusers import AutoencoderKL
+    torch.manual_seed(args.seed + 3)
+    rng = np.random.default_rng(args.seed + 3)
+    # One group in every GroupNorm: with several, a flat colour (most of every picture here)
+    # normalises to the same features whatever the colour, and the VAE cannot learn the colours.
+    # Three blocks: 4x down. At 8x a VAE of this size drew every shape as a blob.
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=(16, 32, 64),
+        layers_per_block=1, act_fn="silu", latent_channels=8, norm_num_groups=1,
+        sample_size=shapes.SIZE, use_quant_conv=False, use_post_quant_conv=False,
+        mid_block_add_attention=True, force_upcast=True)
+    opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
+    vae.train()
+    t0 = time.time()
+    losses = []
+    for step in range(args.vae_steps):
+        x, bg = vae_batch(rng, 16, excluded, excluded_multi, 48)
+        l1, ge, mean = vae_loss(vae, x, bg, args.vae_noise)
+        loss = l1 + ge + 1e-3 * mean.pow(2).mean()
+        lr = args.vae_lr * min(1.0, (step + 1) / 100) * (
+            0.5 + 0.5 * math.cos(math.pi * step / args.vae_steps))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        losses.append(l1.item())
+        if step % 100 == 0 or step == args.vae_steps - 1:
+            log(f"vae {step}: L1 {np.mean(losses[-100:]):.4f} edges {ge.item():.4f} "
+                f"({time.time() - t0:.0f} s)")
+    vae.eval()
+    return vae, {"steps": args.vae_steps, "final_l1": float(np.mean(losses[-100:])),
+                 "seconds": time.time() - t0}
+
+
+def build_models(args, clip_vocab, t5_pieces, in_channels):
+    from diffusers import FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
     torch.manual_seed(args.seed + 1)
     clip = CLIPTextModel(CLIPTextConfig(
         vocab_size=clip_vocab, hidden_size=64, intermediate_size=128, projection_dim=64,
@@ -264,86 +433,15 @@ def main():
         pad_token_id=clip_vocab - 1))
     torch.manual_seed(args.seed + 2)
     t5 = T5EncoderModel(T5Config(
-        vocab_size=sp.get_piece_size(), d_model=64, d_kv=16, d_ff=128, num_layers=2,
-        num_heads=4, feed_forward_proj="gated-gelu", eos_token_id=1, pad_token_id=0,
+        vocab_size=t5_pieces, d_model=args.text_width, d_kv=32, d_ff=2 * args.text_width,
+        num_layers=args.text_layers, num_heads=args.text_width // 32,
+        feed_forward_proj="gated-gelu", eos_token_id=1, pad_token_id=0,
         decoder_start_token_id=0, dropout_rate=0.0))
-
-    # 1. The VAE. One group in every GroupNorm: with several, a flat colour (most of every
-    # picture here) normalises to the same features whatever the colour, and the VAE cannot
-    # learn the colours.
-    torch.manual_seed(args.seed + 3)
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(16, 32, 64, 64),
-        layers_per_block=1, act_fn="silu", latent_channels=8, norm_num_groups=1,
-        sample_size=shapes.SIZE, use_quant_conv=False, use_post_quant_conv=False,
-        mid_block_add_attention=True, force_upcast=True)
-    opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
-    vae.train()
-    t0 = time.time()
-    vae_losses = []
-    for step in range(args.vae_steps):
-        imgs = [shapes.draw(shapes.random_scene(rng, excluded), rng) for _ in range(16)]
-        x = to_tensor(imgs)
-        oy, ox = rng.integers(0, shapes.SIZE - 64, size=2)
-        x = x[:, :, oy:oy + 64, ox:ox + 64]
-        # The latent mean plus a little noise (not the posterior sample: its initial unit
-        # variance drowns the signal for hundreds of steps), so the decoder also learns to
-        # forgive small errors of the transformer; a small L2 keeps the latents bounded.
-        mean = vae.encode(x).latent_dist.mean
-        rec = vae.decode(mean + 0.1 * torch.randn_like(mean)).sample
-        rec_loss = (rec - x).abs().mean()
-        kl = mean.pow(2).mean()
-        loss = rec_loss + 1e-3 * kl
-        lr = args.vae_lr * min(1.0, (step + 1) / 100) * (0.5 + 0.5 * math.cos(math.pi * step /
-                                                                        args.vae_steps))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.zero_grad()
-        loss.backward()
-        # At 2e-3 and without clipping the VAE can stall on a picture's mean colour (L1 0.39 for
-        # 800 steps on seed 0 once the scene mix changed); 1e-3 and clipping left it at 0.17 by
-        # step 250 on the same data.
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        opt.step()
-        vae_losses.append(rec_loss.item())
-        if step % 100 == 0 or step == args.vae_steps - 1:
-            log(f"vae {step}: L1 {np.mean(vae_losses[-100:]):.4f} |z|^2 {kl.item():.3f} "
-                f"({time.time() - t0:.0f} s)")
-    vae.eval()
-    train_log["vae"] = {"steps": args.vae_steps, "final_l1": float(np.mean(vae_losses[-100:])),
-                        "seconds": time.time() - t0}
-
-    # 2. The training set, encoded once.
-    t0 = time.time()
-    n = args.train_pictures
-    lat, caps, x = encode_pictures(vae, n, rng, excluded)
-    with torch.no_grad():
-        shift = lat.mean().item()
-        scale = 1.0 / (lat - shift).std().item()
-        vae.register_to_config(shift_factor=round(shift, 4), scaling_factor=round(scale, 4))
-        lat = (lat - vae.config.shift_factor) * vae.config.scaling_factor
-        x0_all = pack(lat)
-        # The last pictures encoded, beside their decoded latents.
-        pair = torch.cat([x[-8:], vae.decode(
-            lat[-8:] / vae.config.scaling_factor + vae.config.shift_factor).sample], 3)
-        save_pairs(pair, args.report_dir / "vae_reconstruction.png")
-    vae_dtype = getattr(torch, args.dtype)
-    vae.to(vae_dtype).save_pretrained(out / "vae")
-    vae.to(torch.float32)
-    ids1_all = tok1(caps, padding="max_length", max_length=CLIP_MAX, truncation=True,
-                    return_tensors="pt").input_ids
-    ids2_all = tok2(caps, padding="max_length", max_length=max_seq, truncation=True,
-                    return_tensors="pt").input_ids
-    log(f"encoded {n} pictures: latents {tuple(lat.shape)}, shift {vae.config.shift_factor}, "
-        f"scale {vae.config.scaling_factor} ({time.time() - t0:.0f} s)")
-    train_log["encode_seconds"] = time.time() - t0
-
-    # 3. The transformer, T5 and CLIP together.
     torch.manual_seed(args.seed + 4)
     model = FluxTransformer2DModel(
-        patch_size=1, in_channels=x0_all.shape[-1], num_layers=2, num_single_layers=4,
-        attention_head_dim=32, num_attention_heads=4, joint_attention_dim=64,
+        patch_size=1, in_channels=in_channels, num_layers=args.double_blocks,
+        num_single_layers=args.single_blocks, attention_head_dim=32,
+        num_attention_heads=args.heads, joint_attention_dim=args.text_width,
         pooled_projection_dim=64, guidance_embeds=True, axes_dims_rope=(8, 12, 12))
     # The guidance embedding's output layer is zero and stays so: a guidance value adds nothing.
     guidance_out = model.time_text_embed.guidance_embedder.linear_2
@@ -351,57 +449,260 @@ def main():
         guidance_out.weight.zero_()
         guidance_out.bias.zero_()
     guidance_out.requires_grad_(False)
+    return model, t5, clip
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, type=Path, help="the pipeline folder to write")
+    ap.add_argument("--state", required=True, type=Path,
+                    help="what each phase made, for resuming (kept after the run)")
+    ap.add_argument("--report_dir", type=Path, default=Path(__file__).resolve().parent,
+                    help="where heldout.json, train_log.json and vae_reconstruction.png go")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vae_steps", type=int, default=1600)
+    ap.add_argument("--vae_lr", type=float, default=1.5e-3)
+    ap.add_argument("--vae_noise", type=float, default=0.03)
+    ap.add_argument("--train_pictures", type=int, default=16000)
+    ap.add_argument("--captions", type=int, default=4, help="captions drawn per picture")
+    ap.add_argument("--steps", type=int, default=3000,
+                    help="phase 3: the transformer and the text encoders together")
+    ap.add_argument("--batch", type=int, default=48)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--text_lr", type=float, default=1e-3, help="the text encoders' in phase 3")
+    ap.add_argument("--text_width", type=int, default=128, help="T5's d_model")
+    ap.add_argument("--text_layers", type=int, default=3, help="T5's layers")
+    ap.add_argument("--double_blocks", type=int, default=2)
+    ap.add_argument("--single_blocks", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4, help="of 32 channels")
+    ap.add_argument("--parse_weight", type=float, default=0.05,
+                    help="the auxiliary scene parser's loss weight (0: none)")
+    ap.add_argument("--parse_from", type=int, default=0,
+                    help="the phase-3 step the parser's loss starts at")
+    ap.add_argument("--checkpoint_every", type=int, default=100)
+    ap.add_argument("--stop_after", type=float, default=0,
+                    help="minutes: save the state and stop once phase 3 has run this long")
+    ap.add_argument("--decoder_steps", type=int, default=600,
+                    help="phase 4: the decoder alone on whole pictures")
+    ap.add_argument("--dtype", default="bfloat16", help="storage dtype of the transformer/VAE")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    state = args.state
+    state.mkdir(parents=True, exist_ok=True)
+    log_file = state / "train_log.json"
+    train_log = json.loads(log_file.read_text()) if log_file.exists() else {
+        "seed": args.seed, "threads": args.threads, "torch": torch.__version__}
+    train_log.setdefault("runs", []).append({k: str(v) for k, v in vars(args).items()})
+    excluded, excluded_multi, sets = shapes.held_out_sets()
+
+    def save_log():
+        log_file.write_text(json.dumps(train_log, indent=1) + "\n")
+
+    # 0. Tokenizers.
+    if "max_sequence_length" not in train_log:
+        train_log["clip_vocab"], train_log["t5_pieces"], train_log["max_sequence_length"] = \
+            make_tokenizers(state, args.seed)
+        save_log()
+    max_seq = train_log["max_sequence_length"]
+
+    # 1. The VAE.
+    from diffusers import AutoencoderKL
+    if not (state / "vae").exists():
+        vae, train_log["vae"] = train_vae(args, excluded, excluded_multi)
+        vae.save_pretrained(state / "vae.tmp")
+        os.rename(state / "vae.tmp", state / "vae")
+        save_log()
+    vae = AutoencoderKL.from_pretrained(state / "vae", torch_dtype=torch.float32)
+    vae_scale = 2 ** (len(vae.config.block_out_channels) - 1)
+
+    # 2. The training set, encoded once.
+    encoded = state / "encoded.pt"
+    if not encoded.exists():
+        t0 = time.time()
+        rng = np.random.default_rng(args.seed + 5)
+        lat, caps, x, specs = encode_pictures(vae, args.train_pictures, args.captions, rng,
+                                              excluded, excluded_multi)
+        shift = round(lat.mean().item(), 4)
+        scale = round(1.0 / (lat - shift).std().item(), 4)
+        lat = (lat - shift) * scale
+        with torch.no_grad():
+            pair = torch.cat([x[-8:], vae.decode(lat[-8:] / scale + shift).sample], 3)
+        save_pairs(pair, args.report_dir / "vae_reconstruction.png")
+        from transformers import CLIPTokenizer, T5TokenizerFast
+        tok1 = CLIPTokenizer.from_pretrained(state / "tokenizer")
+        tok2 = T5TokenizerFast.from_pretrained(state / "tokenizer_2")
+        ids1 = tok1(caps, padding="max_length", max_length=CLIP_MAX, truncation=True,
+                    return_tensors="pt").input_ids
+        ids2 = tok2(caps, padding="max_length", max_length=max_seq, truncation=True,
+                    return_tensors="pt").input_ids
+        torch.save({"x0": pack(lat), "ids1": ids1, "ids2": ids2, "shift": shift, "scale": scale,
+                    "captions": caps[:64], "targets": parse_targets(specs, args.captions)},
+                   state / "encoded.tmp")
+        os.rename(state / "encoded.tmp", encoded)
+        train_log["encode"] = {"pictures": args.train_pictures, "captions": len(caps),
+                               "shift": shift, "scale": scale, "seconds": time.time() - t0}
+        log(f"encoded {args.train_pictures} pictures, {len(caps)} captions: shift {shift}, "
+            f"scale {scale} ({time.time() - t0:.0f} s)")
+        save_log()
+    data = torch.load(encoded)
+    if "targets" not in data:  # a set encoded before the parser's targets were kept: replayed
+        _, caps, _, specs = encode_pictures(None, args.train_pictures, args.captions,
+                                            np.random.default_rng(args.seed + 5), excluded,
+                                            excluded_multi)
+        assert caps[:64] == data["captions"], "the replayed captions differ from the set's"
+        data["targets"] = parse_targets(specs, args.captions)
+        torch.save(data, state / "encoded.tmp")
+        os.rename(state / "encoded.tmp", encoded)
+    x0_all, ids1_all, ids2_all = data["x0"], data["ids1"], data["ids2"]
+    targets = data["targets"]
+    n_pictures = x0_all.shape[0]
+    n_captions = ids1_all.shape[0] // n_pictures
+
+    # 3. The transformer, T5 and CLIP together.
+    model, t5, clip = build_models(args, train_log["clip_vocab"], train_log["t5_pieces"],
+                                   x0_all.shape[-1])
     modules = (model, t5, clip)
-    emas = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in modules]
-    nparams = sum(p.numel() for p in model.parameters())
-    log(f"transformer: {nparams / 1e6:.2f} M parameters")
-    img_ids, txt_ids, mu = flux_ids(max_seq)
-    sched = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5,
-                                            max_image_seq_len=4096, max_shift=1.15, shift=3.0,
-                                            use_dynamic_shifting=True)
     trained = [[p for p in m.parameters() if p.requires_grad] for m in modules]
     base = [args.lr, args.text_lr, args.text_lr]
     opt = torch.optim.AdamW([{"params": ps, "lr": b} for ps, b in zip(trained, base)],
                             weight_decay=0.0, betas=(0.9, 0.99))
-    g = torch.Generator().manual_seed(args.seed + 5)
+    g = torch.Generator().manual_seed(args.seed + 6)
+    torch.manual_seed(args.seed + 8)
+    parser = Parser(args.text_width, clip.config.hidden_size)
+
+    def add_parser():
+        opt.add_param_group({"params": list(parser.parameters()), "lr": args.text_lr})
+        base.append(args.text_lr)
+    ckpt = state / "phase3.pt"
+    start, losses = 0, []
+    if ckpt.exists():
+        c = torch.load(ckpt)
+        for m, sd in zip(modules, c["weights"]):
+            m.load_state_dict(sd)
+        if "parser" in c:
+            parser.load_state_dict(c["parser"])
+            add_parser()
+        opt.load_state_dict(c["opt"])
+        g.set_state(c["generator"])
+        emas, start, losses = c["emas"], c["step"], c["losses"]
+        log(f"phase 3 resumes at step {start}")
+    else:
+        emas = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in modules]
+    parsing = args.parse_weight > 0
+    if parsing and len(opt.param_groups) == 3:
+        add_parser()
+    parse_losses = []
+    nparams = [sum(p.numel() for p in m.parameters()) for m in modules]
+    log(f"transformer {nparams[0] / 1e6:.2f} M, T5 {nparams[1] / 1e6:.2f} M, "
+        f"CLIP {nparams[2] / 1e6:.2f} M parameters")
+    img_ids, txt_ids, mu = flux_ids(max_seq, vae_scale)
+
+    def save_ckpt(step):
+        torch.save({"weights": [m.state_dict() for m in modules], "emas": emas,
+                    "opt": opt.state_dict(), "generator": g.get_state(), "step": step,
+                    "losses": losses, **({"parser": parser.state_dict()} if parsing else {})},
+                   state / "phase3.tmp")
+        os.rename(state / "phase3.tmp", ckpt)
+
     t0 = time.time()
-    losses = []
     for m in modules:
         m.train()
-    for step in range(args.steps):
-        idx, x0, noise, s, guidance, xt = flow_batch(x0_all, args.batch, mu, g)
-        # fp32: CPU autocast to bf16 is ~20x slower here (torch 2.5.1).
-        pred = model(hidden_states=xt, encoder_hidden_states=t5(ids2_all[idx])[0],
-                     pooled_projections=clip(ids1_all[idx]).pooler_output, timestep=s,
-                     guidance=guidance, img_ids=img_ids, txt_ids=txt_ids, return_dict=False)[0]
+    step = start
+    while step < args.steps:
+        idx, cap, x0, noise, s, guidance, xt = flow_batch(n_pictures, n_captions, x0_all,
+                                                          args.batch, mu, g)
+        ids2 = ids2_all[cap]
+        text = t5(ids2)[0]
+        pooled = clip(ids1_all[cap]).pooler_output
+        pred = model(hidden_states=xt, encoder_hidden_states=text, pooled_projections=pooled,
+                     timestep=s, guidance=guidance, img_ids=img_ids, txt_ids=txt_ids,
+                     return_dict=False)[0]
         loss = F.mse_loss(pred, noise - x0)
+        losses.append(loss.item())
+        if parsing and step >= args.parse_from:
+            parse = parser.loss(text, ids2 != 0, pooled, {k: v[cap] for k, v in targets.items()})
+            parse_losses.append(parse.item())
+            loss = loss + args.parse_weight * parse
         warm = min(1.0, (step + 1) / 200)
         cos = 0.55 + 0.45 * math.cos(math.pi * step / args.steps)
         for grp, b in zip(opt.param_groups, base):
             grp["lr"] = b * warm * cos
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for ps in trained for p in ps], 1.0)
+        if parsing and step >= args.parse_from:
+            # The parser's gradient reaches the text encoders alone; clipped apart, it does not
+            # shrink the transformer's step.
+            torch.nn.utils.clip_grad_norm_(opt.param_groups[0]["params"], 1.0)
+            torch.nn.utils.clip_grad_norm_([p for grp in opt.param_groups[1:]
+                                            for p in grp["params"]], 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_([p for grp in opt.param_groups
+                                            for p in grp["params"]], 1.0)
         opt.step()
         decay = min(0.999, (1 + step) / (10 + step))
         with torch.no_grad():
             for ema, m in zip(emas, modules):
                 for k, v in m.state_dict().items():
                     ema[k].mul_(decay).add_(v.detach(), alpha=1 - decay)
-        losses.append(loss.item())
-        if step % 100 == 0 or step == args.steps - 1:
+        step += 1
+        if step % 100 == 0 or step == args.steps:
             log(f"transformer {step}: loss {np.mean(losses[-100:]):.4f} "
+                + (f"parse {np.mean(parse_losses[-100:]):.3f} " if parse_losses else "") +
                 f"lr {args.lr * warm * cos:.2e} ({time.time() - t0:.0f} s)")
+        if step % args.checkpoint_every == 0 or step == args.steps:
+            save_ckpt(step)
+            if args.stop_after and time.time() - t0 > 60 * args.stop_after and step < args.steps:
+                train_log.setdefault("phase3_stretches", []).append(
+                    {"from": start, "to": step, "seconds": time.time() - t0})
+                save_log()
+                log(f"stopped after step {step}; rerun the same command to go on")
+                return
+    if step > start:
+        train_log.setdefault("phase3_stretches", []).append(
+            {"from": start, "to": step, "seconds": time.time() - t0})
+    train_log["transformer"] = {"parameters": nparams, "steps": step,
+                                "final_loss": float(np.mean(losses[-200:]))}
+    save_log()
+    write_folder(args, modules, emas, vae, data, train_log)
+    train_log["decoder"], pair = finetune_decoder(args.out, args.seed, args.decoder_steps,
+                                                  excluded, excluded_multi,
+                                                  getattr(torch, args.dtype))
+    save_pairs(pair, args.report_dir / "vae_reconstruction.png")
+    import score
+    shapes.write_held_out(args.report_dir / "heldout.json", sets, score.CHECKER, score.STEPS,
+                         max_seq)
+    train_log["total_seconds"] = sum(train_log[k]["seconds"] for k in ("vae", "encode",
+                                                                       "decoder")) + \
+        sum(s["seconds"] for s in train_log["phase3_stretches"])
+    save_log()
+    (args.report_dir / "train_log.json").write_text(json.dumps(train_log, indent=1) + "\n")
+    log(f"trained in {train_log['total_seconds'] / 60:.1f} min")
+
+
+def write_folder(args, modules, emas, vae, data, train_log):
+    import shutil
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    out = args.out
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    model, t5, clip = modules
     for ema, m in zip(emas, modules):
         m.load_state_dict(ema)
         m.eval()
-    model.to(vae_dtype).save_pretrained(out / "transformer")
+    dtype = getattr(torch, args.dtype)
+    model.to(dtype).save_pretrained(out / "transformer")
     clip.save_pretrained(out / "text_encoder")
     t5.save_pretrained(out / "text_encoder_2")
-    train_log["transformer"] = {"parameters": nparams, "steps": args.steps,
-                                "final_loss": float(np.mean(losses[-200:])),
-                                "seconds": time.time() - t0}
-    sched.save_pretrained(out / "scheduler")
+    shutil.copytree(args.state / "tokenizer", out / "tokenizer")
+    shutil.copytree(args.state / "tokenizer_2", out / "tokenizer_2")
+    vae.register_to_config(shift_factor=data["shift"], scaling_factor=data["scale"])
+    vae.to(dtype).save_pretrained(out / "vae")
+    FlowMatchEulerDiscreteScheduler(
+        base_image_seq_len=256, base_shift=0.5, max_image_seq_len=4096, max_shift=1.15,
+        shift=3.0, use_dynamic_shifting=True).save_pretrained(out / "scheduler")
     (out / "model_index.json").write_text(json.dumps({
         "_class_name": "FluxPipeline", "_diffusers_version": "0.33.1",
         "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
@@ -411,69 +712,40 @@ def main():
         "tokenizer_2": ["transformers", "T5TokenizerFast"],
         "transformer": ["diffusers", "FluxTransformer2DModel"],
         "vae": ["diffusers", "AutoencoderKL"]}, indent=2) + "\n")
-    import score
-    shapes.write_held_out(args.report_dir / "heldout.json", held, score.BOX, score.STEPS)
-    train_log["phases_1_3_seconds"] = time.time() - t_start
-    (args.report_dir / "train_log.json").write_text(json.dumps(train_log, indent=1) + "\n")
-    finish(args, held, max_seq)
 
 
-def finetune_decoder(folder, seed, steps, excluded, dtype):
-    """4. The decoder alone, on whole 128x128 pictures, from the VAE as stored (so a run that
-    starts here from a saved folder does what the whole run does). The encoder, hence the latent
-    space and the transformer's targets, does not change; the decoder learns sharper edges than
-    the 64x64 crops taught it, from the latent mean plus noise of std 0.1."""
+def finetune_decoder(folder, seed, steps, excluded, excluded_multi, dtype):
+    """4. The decoder alone, on whole pictures, from the VAE as stored. The encoder, hence the
+    latent space and the transformer's targets, does not change; the decoder learns the whole
+    picture's edges, which the 64x64 crops cut."""
     from diffusers import AutoencoderKL
     vae = AutoencoderKL.from_pretrained(folder / "vae", torch_dtype=torch.float32)
-    torch.manual_seed(seed + 6)
-    rng = np.random.default_rng(seed + 6)
+    torch.manual_seed(seed + 7)
+    rng = np.random.default_rng(seed + 7)
     vae.requires_grad_(False)
     vae.decoder.requires_grad_(True)
     opt = torch.optim.AdamW(vae.decoder.parameters(), lr=5e-4, weight_decay=0.0)
     t0 = time.time()
     losses = []
+
     for step in range(steps):
-        x = to_tensor([shapes.draw(shapes.random_scene(rng, excluded), rng) for _ in range(8)])
-        with torch.no_grad():
-            mean = vae.encode(x).latent_dist.mean
-        rec = vae.decode(mean + 0.1 * torch.randn_like(mean)).sample
-        loss = (rec - x).abs().mean()
+        x, bg = vae_batch(rng, 8, excluded, excluded_multi, shapes.SIZE)
+        l1, ge, _ = vae_loss(vae, x, bg, 0.03, decoder_only=True)
         for g in opt.param_groups:
-            g["lr"] = 5e-4 * (0.5 + 0.5 * math.cos(math.pi * step / steps))
+            g["lr"] = 5e-4 * (0.5 + 0.5 * math.cos(math.pi * step / max(1, steps)))
         opt.zero_grad()
-        loss.backward()
+        (l1 + ge).backward()
         opt.step()
-        losses.append(loss.item())
+        losses.append(l1.item())
         if step % 100 == 0 or step == steps - 1:
             log(f"decoder {step}: L1 {np.mean(losses[-100:]):.4f} ({time.time() - t0:.0f} s)")
     vae.eval()
     with torch.no_grad():
-        x = to_tensor([shapes.draw(shapes.random_scene(rng, excluded), rng) for _ in range(8)])
+        x, _ = vae_batch(rng, 8, excluded, excluded_multi, shapes.SIZE)
         pair = torch.cat([x, vae.decode(vae.encode(x).latent_dist.mean).sample], 3)
     vae.to(dtype).save_pretrained(folder / "vae")
-    return {"steps": steps, "final_l1": float(np.mean(losses[-100:])),
+    return {"steps": steps, "final_l1": float(np.mean(losses[-100:])) if losses else None,
             "seconds": time.time() - t0}, pair
-
-
-def finish(args, held, max_seq):
-    """Phase 4 and the held-out score, on the folder phases 1-3 wrote."""
-    import score
-    log_file = args.report_dir / "train_log.json"
-    train_log = json.loads(log_file.read_text())
-    if args.decoder_steps:
-        train_log["decoder"], pair = finetune_decoder(args.out, args.seed, args.decoder_steps,
-                                                      set(held), getattr(torch, args.dtype))
-        save_pairs(pair, args.report_dir / "vae_reconstruction.png")
-    train_log["total_seconds"] = train_log["phases_1_3_seconds"] + train_log.get(
-        "decoder", {}).get("seconds", 0)
-    log(f"trained in {train_log['total_seconds'] / 60:.1f} min")
-    # Score held-out scenes through diffusers' FluxPipeline (what the C++ test does in xfuser).
-    if args.eval:
-        res = score.score_pipeline(args.out, score.spread(held, args.eval), max_seq,
-                                   args.report_dir / "preview.png")
-        train_log["heldout_eval"] = res
-        log(f"held-out: {res}")
-    log_file.write_text(json.dumps(train_log, indent=1) + "\n")
 
 
 if __name__ == "__main__":

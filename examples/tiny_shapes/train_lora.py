@@ -66,7 +66,8 @@ def log(*a):
 
 
 def night(scene):
-    return ("black", scene[1])
+    """A held-out scene (heldout.json's form) as the adapter should draw it."""
+    return dict(scene, background="black")
 
 
 def has_black_shape(scene):
@@ -101,8 +102,8 @@ def faithful_t5_tokenizer(pipe, folder):
     from tokenizers.models import Unigram
     sp = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer_2" / "spiece.model"))
     rng = np.random.default_rng(5)
-    caps = [shapes.caption(shapes.random_scene(rng, set())) for _ in range(3000)]
-    caps += [shapes.caption(s) for s in shapes.single_scenes()]
+    caps = [shapes.training_caption(shapes.random_spec(rng), rng) for _ in range(3000)]
+    caps += [shapes.describe(shapes.Spec(s), rng) for s in shapes.single_scenes()]
 
     def faithful():
         return all(pipe.tokenizer_2(c).input_ids == sp.encode(c) + [1] for c in caps)
@@ -116,22 +117,23 @@ def faithful_t5_tokenizer(pipe, folder):
     return True
 
 
-def training_set(pipe, n, rng, excluded, max_seq):
-    """n scenes (no held-out part, no black shape): packed, scaled latents of their night
-    pictures and the pipeline's prompt embeddings of their own captions."""
+def training_set(pipe, n, rng, excluded, excluded_multi, max_seq):
+    """n scenes of the training distribution (no held-out part, no black shape): packed, scaled
+    latents of their pictures drawn on black and the pipeline's prompt embeddings of a caption
+    of each (shapes.training_caption: any phrasing, the background said or not)."""
     vae = pipe.vae
     lat, pe, pooled = [], [], []
     with torch.no_grad():
         for i in range(0, n, 64):
-            scenes = []
-            while len(scenes) < min(64, n - i):
-                sc = shapes.random_scene(rng, excluded)
-                if not has_black_shape(sc):
-                    scenes.append(sc)
-            x = train.to_tensor([shapes.draw(night(sc), rng) for sc in scenes])
+            specs = []
+            while len(specs) < min(64, n - i):
+                sp = shapes.random_spec(rng, excluded, excluded_multi)
+                if not has_black_shape(sp.scene):
+                    specs.append(sp)
+            x = train.to_tensor([shapes.draw(("black", sp.scene[1]), rng) for sp in specs])
             z = vae.encode(x).latent_dist.mode()
             lat.append(train.pack((z - vae.config.shift_factor) * vae.config.scaling_factor))
-            e, p, _ = pipe.encode_prompt(prompt=[shapes.caption(sc) for sc in scenes],
+            e, p, _ = pipe.encode_prompt(prompt=[shapes.training_caption(sp, rng) for sp in specs],
                                          prompt_2=None, max_sequence_length=max_seq)
             pe.append(e)
             pooled.append(p)
@@ -148,10 +150,11 @@ def train_adapter(args, log_doc):
     for m in (pipe.transformer, pipe.vae, pipe.text_encoder, pipe.text_encoder_2):
         m.requires_grad_(False)
         m.eval()
-    held = shapes.held_out(train.HELD_OUT_SEED, train.HELD_OUT_COUNT)
+    excluded, excluded_multi, _ = shapes.held_out_sets()
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
-    x0_all, pe_all, pooled_all = training_set(pipe, args.pictures, rng, set(held), args.max_seq)
+    x0_all, pe_all, pooled_all = training_set(pipe, args.pictures, rng, excluded, excluded_multi,
+                                              args.max_seq)
     log_doc["data_seconds"] = round(time.time() - t0, 1)
     log(f"{args.pictures} night pictures encoded ({time.time() - t0:.0f} s)")
 
@@ -169,14 +172,16 @@ def train_adapter(args, log_doc):
     log_doc["lora_modules"] = modules
     log_doc["lora_parameters"] = nparams
 
-    img_ids, txt_ids, mu = train.flux_ids(args.max_seq)
+    vae_scale = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
+    img_ids, txt_ids, mu = train.flux_ids(args.max_seq, vae_scale)
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
     g = torch.Generator().manual_seed(args.seed + 2)
     model.train()
     losses, curve = [], []
     t0 = time.time()
     for step in range(args.steps):
-        idx, x0, noise, s, guidance, xt = train.flow_batch(x0_all, args.batch, mu, g)
+        idx, _, x0, noise, s, guidance, xt = train.flow_batch(x0_all.shape[0], 1, x0_all,
+                                                              args.batch, mu, g)
         pred = model(hidden_states=xt, encoder_hidden_states=pe_all[idx],
                      pooled_projections=pooled_all[idx], timestep=s, guidance=guidance,
                      img_ids=img_ids, txt_ids=txt_ids, return_dict=False)[0]
@@ -214,15 +219,15 @@ def train_adapter(args, log_doc):
 
 def evaluate(args, log_doc):
     from diffusers import FluxPipeline
-    held = json.loads((HERE / "heldout.json").read_text())["scenes"]
-    scenes = [(h["background"], tuple((s["kind"], s["colour"], s["size"], (s["row"], s["col"]))
-                                      for s in h["shapes"])) for h in score.spread(held, args.eval)]
-    kept = [i for i, sc in enumerate(scenes) if not has_black_shape(sc)]
+    held = json.loads((HERE / "heldout.json").read_text())
+    scenes = score.spread(held["sets"]["single"], args.eval)
+    kept = [i for i, sc in enumerate(scenes)
+            if not any(s["colour"] == "black" for s in sc["shapes"])]
     pipe = FluxPipeline.from_pretrained(args.pipeline, torch_dtype=torch.float32)
     log_doc["eval_tokenizer_2_replaced"] = faithful_t5_tokenizer(pipe, args.pipeline)
 
     def run(i):
-        out = pipe(shapes.caption(scenes[i]), height=shapes.SIZE, width=shapes.SIZE,
+        out = pipe(scenes[i]["caption"], height=shapes.SIZE, width=shapes.SIZE,
                    num_inference_steps=score.STEPS, max_sequence_length=args.max_seq,
                    guidance_scale=3.5, generator=torch.Generator().manual_seed(i),
                    output_type="np").images[0]
@@ -238,7 +243,8 @@ def evaluate(args, log_doc):
     log_doc["eval_seconds"] = round(time.time() - t0, 1)
 
     def rate(pics, target, idx):
-        fails = [shapes.caption(scenes[i]) for i in idx if not score.check(pics[i], target(scenes[i]))[0]]
+        fails = [scenes[i]["caption"] for i in idx
+                 if not score.check(pics[i], target(scenes[i]), held)["colour_place"]]
         return {"scenes": len(idx), "passed": len(idx) - len(fails),
                 "rate": round((len(idx) - len(fails)) / max(1, len(idx)), 4),
                 "first_failures": fails[:10]}
@@ -250,7 +256,7 @@ def evaluate(args, log_doc):
         "base_vs_original_all": rate(base, lambda s: s, range(len(scenes))),
         "base_vs_original": rate(base, lambda s: s, kept),
         "base_vs_night": rate(base, night, kept),
-        "base_already_black_background": sum(scenes[i][0] == "black" for i in kept),
+        "base_already_black_background": sum(scenes[i]["background"] == "black" for i in kept),
         "adapter_0_max_abs_pixel_diff_to_base": int(max(
             np.abs(zero[i].astype(np.int32) - base[i].astype(np.int32)).max() for i in kept)),
     }
@@ -280,7 +286,7 @@ def main():
     ap.add_argument("--eval_only", action="store_true", help="score the saved adapter")
     ap.add_argument("--no_preview", dest="preview", action="store_false")
     args = ap.parse_args()
-    args.max_seq = json.loads((HERE / "train_log.json").read_text())["max_sequence_length"]
+    args.max_seq = json.loads((HERE / "heldout.json").read_text())["max_sequence_length"]
     torch.set_num_threads(args.threads)
     log_file = args.out_dir / "lora_night_log.json"
     if args.eval_only:
