@@ -18,7 +18,7 @@ Models (folders written under --work with seeded random weights, by diffusers' s
                UMT5 of tests/fixtures/pipelines/wan-t2v-tiny, a Wan VAE of base dim 8;
                33 frames of 256x256 (2304 video tokens), 128 text tokens, CFG 5.0 (two calls a
                step), 4 steps
-  tiny_shapes  the committed, trained models/flux/tiny_shapes: 128x128, 16 steps, guidance 3.5
+  tiny_shapes  the committed, trained models/flux/tiny_shapes: 96x96, 16 steps, guidance 3.5
 
 Cache methods (parameters as both runners name them; diffusers has no TeaCache hook, so
 teacache is timed in xfuser alone and compared with xfuser's uncached run):
@@ -60,7 +60,7 @@ MODELS = {
     "flux_small": dict(kind="flux", height=512, width=512, steps=4, guidance=3.5, text=128),
     "wan_small": dict(kind="wan", height=256, width=256, frames=33, steps=4, guidance=5.0,
                       text=128),
-    "tiny_shapes": dict(kind="flux", height=128, width=128, steps=16, guidance=3.5, text=32,
+    "tiny_shapes": dict(kind="flux", height=96, width=96, steps=16, guidance=3.5, text=56,
                         folder=ROOT / "models" / "flux" / "tiny_shapes"),
 }
 

@@ -414,7 +414,7 @@ TEST_F(ServeImages, PicturesEqualXfuserRunPixelForPixel) {
   const json body = json::parse(r->body);
   EXPECT_EQ(body["data"][0]["seed"], 7);
   EXPECT_EQ(body["data"][1]["seed"], 8);
-  EXPECT_EQ(body["size"], "128x128");
+  EXPECT_EQ(body["size"], "96x96");
   xfuser::testing::TempDir work;
   const auto answers = pictures(r, work.path());
   ASSERT_EQ(answers.size(), 2u);
@@ -433,7 +433,7 @@ TEST_F(ServeImages, PicturesEqualXfuserRunPixelForPixel) {
             0)
       << output;
   for (int k = 0; k < 2; ++k) {
-    const fs::path file = run / ("tiny-shapes_u1r1_tc_False_128x128_" + std::to_string(k) + ".png");
+    const fs::path file = run / ("tiny-shapes_u1r1_tc_False_96x96_" + std::to_string(k) + ".png");
     EXPECT_TRUE(at::equal(answers[k], xfuser::runner::read_png(file))) << "output " << k;
   }
   // Alone, the first equals a one-prompt run; the second stays within a step of rounding of it

@@ -35,114 +35,174 @@ json held_out() {
   return xfuser::testing::read_json(file);
 }
 
-// The pass rate of `folder`'s pipeline on `count` held-out scenes spread evenly over the list
-// (which is sorted by background: of its first 48, 37 are on red), fp32 unless `options` say
-// otherwise, one seed per scene, printing the failures.
-double pass_rate(const fs::path& folder, const json& held, int count,
-                 const xfuser::models::ModelLoadOptions& options = {}) {
+// The verdicts of `folder`'s pipeline on `scenes`, fp32 unless `options` say otherwise, scene i
+// generated from seed i, printing the failures.
+struct Rates {
+  int scenes = 0;
+  int colour_place = 0;
+  int kind = 0;
+  double colour_place_rate() const { return static_cast<double>(colour_place) / scenes; }
+  double pass_rate() const { return static_cast<double>(kind) / scenes; }
+};
+
+Rates rates(const fs::path& folder, const json& held, const json& scenes,
+            const xfuser::models::ModelLoadOptions& options = {}) {
   using namespace xfuser::models;
   const auto& spec = ModelRegistry::for_pipeline_folder(folder);
   auto model = spec.create(spec);
   model->load(folder, options);
-  const json scenes = xfuser::examples::tiny_shapes::spread_scenes(held, count);
-  int passed = 0;
+  Rates out;
+  out.scenes = static_cast<int>(scenes.size());
   const int batch = 8;
-  for (int start = 0; start < count; start += batch) {
+  for (int start = 0; start < out.scenes; start += batch) {
     const GenerationRequest r = xfuser::examples::tiny_shapes::scene_request(
-        scenes, start, std::min(count, start + batch), held, held["num_inference_steps"]);
-    const auto out = model->generate(r);
+        scenes, start, std::min(out.scenes, start + batch), held, held["num_inference_steps"]);
+    const auto gen = model->generate(r);
     for (size_t b = 0; b < r.prompts.size(); ++b) {
       const auto& scene = scenes[start + static_cast<int>(b)];
-      const Verdict v = check_picture(out.images[static_cast<int64_t>(b)], scene, held);
-      passed += v.pass;
+      const Verdict v = check_picture(gen.images[static_cast<int64_t>(b)], scene, held);
+      out.colour_place += v.colour_place;
+      out.kind += v.kind;
       if (!v.pass) {
         std::printf("  fail: %s: %s\n", scene["caption"].get<std::string>().c_str(), v.why.c_str());
       }
     }
   }
-  return static_cast<double>(passed) / count;
+  return out;
 }
 
-// The random-weight model is checked on 48 of the held-out scenes spread over the list; the
-// trained one on all 300.
-constexpr int kScenes = 48;
-// The bar: 90%. The committed model passes 284 of the 300 held-out scenes in xfuser (94.7%;
-// diffusers 97 of 100), so another libtorch or BLAS has 14 scenes of slack; its failures are
-// small triangles and small shapes of a colour close to the background's
-// (examples/tiny_shapes/README.md).
-constexpr double kTrainedAtLeast = 0.9;
-// The random-weight model passes none (noise has no flat background).
+// Scenes per held-out set checked here (spread over each set; examples/tiny_shapes/README.md
+// gives the whole sets' numbers, through diffusers and xfuser), and the bars. A bar sits below
+// the committed model's measured rate on the same scenes (the README), so that another libtorch
+// or BLAS, whose pictures differ by a level here and there, has a few scenes of slack.
+struct SetBar {
+  const char* set;
+  int scenes;
+  // kind: colour, place and kind right; else colour and place (or colour, places free).
+  bool kind;
+  double at_least;
+};
+constexpr SetBar kBars[] = {
+    {"single", 100, true, 0.90},   // one shape, everything said: colour, place and kind
+    {"free", 50, false, 0.90},     // a size, the places or the background left out
+    {"multi", 50, false, 0.70},    // two or three shapes, places said: every colour and place
+    {"counts", 24, false, 0.70},   // "two red circles ...": the colours in as many cells
+    {"unknown", 24, true, 0.85},   // single scenes with real words the model never saw
+};
+// The random-weight model is checked on 24 one-shape scenes; it passes none (noise has no flat
+// background).
+constexpr int kRandomScenes = 24;
 constexpr double kRandomAtMost = 0.05;
 
-TEST(TinyShapes, DrawsHeldOutCaptions) {
+TEST(TinyShapes, DrawsHeldOutScenes) {
   const json held = held_out();
-  const int count = static_cast<int>(held["scenes"].size());
-  const double rate = pass_rate(xfuser::models::flux::tiny_shapes_dir(), held, count);
-  std::printf("tiny-shapes: %.1f%% of %d held-out scenes drawn as captioned\n", 100 * rate, count);
-  EXPECT_GE(rate, kTrainedAtLeast);
+  for (const SetBar& bar : kBars) {
+    const json scenes = xfuser::examples::tiny_shapes::spread_scenes(held, bar.scenes, bar.set);
+    const Rates r = rates(xfuser::models::flux::tiny_shapes_dir(), held, scenes);
+    std::printf("tiny-shapes %s: %d scenes, colour and place %.1f%%, and kind %.1f%%\n", bar.set,
+                r.scenes, 100 * r.colour_place_rate(), 100 * r.pass_rate());
+    EXPECT_GE(bar.kind ? r.pass_rate() : r.colour_place_rate(), bar.at_least) << bar.set;
+  }
 }
 
 // FP8 GEMMs (the blocks' Linear weights in float8_e4m3fn with per-channel scales, activations
-// quantized per token) against their compute dtype, on all 300 held-out scenes: the pass rate
-// within 2 points. The compute dtype is the CPU's default, xfuser-run's: bf16 where the CPU has
+// quantized per token) against their compute dtype, on 100 one-shape scenes: the pass rate within
+// 3 points. The compute dtype is the CPU's default, xfuser-run's: bf16 where the CPU has
 // AVX512-BF16, else fp32 (emulated bf16 takes libtorch 1.13 over ten times as long there, past
 // the test's time limit). docs/fp8.md quotes the bf16 numbers.
-TEST(TinyShapes, Fp8GemmsDrawWithinTwoPointsOfTheirComputeDtype) {
+TEST(TinyShapes, Fp8GemmsDrawWithinThreePointsOfTheirComputeDtype) {
   const json held = held_out();
-  const int count = static_cast<int>(held["scenes"].size());
+  const json scenes = xfuser::examples::tiny_shapes::spread_scenes(held, 100);
   xfuser::models::ModelLoadOptions plain;
   plain.dtype = xfuser::runner::default_cpu_dtype();
   auto fp8 = plain;
   fp8.transformer_weights.kind = xfuser::models::WeightFormat::Kind::kFp8Scaled;
   const auto dir = xfuser::models::flux::tiny_shapes_dir();
-  const double base = pass_rate(dir, held, count, plain);
-  const double rate = pass_rate(dir, held, count, fp8);
-  std::printf("tiny-shapes held-out scenes: %s %.1f%%, FP8 GEMMs %.1f%% of %d\n",
-              c10::toString(plain.dtype), 100 * base, 100 * rate, count);
-  EXPECT_GE(rate, base - 0.02);
+  const double base = rates(dir, held, scenes, plain).pass_rate();
+  const double rate = rates(dir, held, scenes, fp8).pass_rate();
+  std::printf("tiny-shapes one-shape scenes: %s %.1f%%, FP8 GEMMs %.1f%% of %d\n",
+              c10::toString(plain.dtype), 100 * base, 100 * rate,
+              static_cast<int>(scenes.size()));
+  EXPECT_GE(rate, base - 0.03);
 }
 
 TEST(TinyShapes, RandomWeightsFailTheSameCheck) {
   const json held = held_out();
   // The random tiny FLUX pipeline (same architecture family, seeded random weights).
-  const double rate = pass_rate(xfuser::models::flux::ensure_tiny_flux(0), held, kScenes);
-  std::printf("random tiny-flux: %.1f%% of %d held-out scenes\n", 100 * rate, kScenes);
+  const json scenes = xfuser::examples::tiny_shapes::spread_scenes(held, kRandomScenes);
+  const double rate =
+      rates(xfuser::models::flux::ensure_tiny_flux(0), held, scenes).colour_place_rate();
+  std::printf("random tiny-flux: %.1f%% of %d held-out scenes\n", 100 * rate, kRandomScenes);
   EXPECT_LE(rate, kRandomAtMost);
 }
 
-TEST(TinyShapes, CheckerAcceptsDrawnScenes) {
-  // The criterion itself: an exact drawing of each scene (flat colours, shapes of the named size
-  // centered in their cells) passes, and the same drawing checked against another background or
-  // another colour does not.
-  const json held = held_out();
+// Draws a scene as examples/tiny_shapes/shapes.py does (flat colours, each shape centered in its
+// cell, of its size's half extent): circle, square of half side 0.85 r, upright triangle as wide
+// as high. `kinds` overrides the shapes' kinds when not empty.
+at::Tensor draw(const json& held, const json& scene, const std::vector<std::string>& kinds = {}) {
+  static const std::map<std::string, double> half = {
+      {"small", 7.0}, {"medium", 10.0}, {"large", 13.0}};
   const int size = held["size"];
   const double cell = static_cast<double>(size) / held["grid"].get<int>();
-  for (int i = 0; i < 20; ++i) {
-    json scene = held["scenes"][i];
-    auto rgb = [&](const std::string& name) { return held["palette"][name]; };
-    at::Tensor pic = at::empty({size, size, 3}, at::kByte);
-    auto a = pic.accessor<uint8_t, 3>();
-    for (int y = 0; y < size; ++y) {
-      for (int x = 0; x < size; ++x) {
-        json c = rgb(scene["background"]);
-        for (const auto& s : scene["shapes"]) {
-          const double cx = (s["col"].get<int>() + 0.5) * cell;
-          const double cy = (s["row"].get<int>() + 0.5) * cell;
-          if (std::abs(x + 0.5 - cx) < 12 && std::abs(y + 0.5 - cy) < 12) c = rgb(s["colour"]);
+  at::Tensor pic = at::empty({size, size, 3}, at::kByte);
+  auto a = pic.accessor<uint8_t, 3>();
+  for (int y = 0; y < size; ++y) {
+    for (int x = 0; x < size; ++x) {
+      json c = held["palette"][scene["background"].get<std::string>()];
+      for (size_t i = 0; i < scene["shapes"].size(); ++i) {
+        const json& s = scene["shapes"][i];
+        const std::string kind = kinds.empty() ? s["kind"].get<std::string>() : kinds[i];
+        const double r = half.at(s["size"]);
+        const double dx = x + 0.5 - (s["col"].get<int>() + 0.5) * cell;
+        const double dy = y + 0.5 - (s["row"].get<int>() + 0.5) * cell;
+        bool inside = false;
+        if (kind == "circle") inside = dx * dx + dy * dy <= r * r;
+        if (kind == "square") inside = std::abs(dx) <= 0.85 * r && std::abs(dy) <= 0.85 * r;
+        if (kind == "triangle") {
+          inside = dy >= -0.9 * r && dy <= 0.9 * r && std::abs(dx) <= (dy + 0.9 * r) / 1.8;
         }
-        for (int k = 0; k < 3; ++k) a[y][x][k] = static_cast<uint8_t>(c[k].get<int>());
+        if (inside) c = held["palette"][s["colour"].get<std::string>()];
       }
+      for (int k = 0; k < 3; ++k) a[y][x][k] = static_cast<uint8_t>(c[k].get<int>());
     }
-    EXPECT_TRUE(check_picture(pic, scene, held).pass) << scene["caption"];
-    json other = scene;
-    other["background"] = scene["shapes"][0]["colour"] == "white" ? "black" : "white";
-    if (other["background"] != scene["background"]) {
-      EXPECT_FALSE(check_picture(pic, other, held).pass) << scene["caption"];
-    }
-    other = scene;
-    other["shapes"][0]["colour"] = scene["background"];
-    EXPECT_FALSE(check_picture(pic, other, held).pass) << scene["caption"];
   }
+  return pic;
+}
+
+TEST(TinyShapes, CheckerAcceptsDrawnScenesAndRefusesWrongOnes) {
+  // The criterion itself, on exact drawings of held-out scenes of every set: each passes; the
+  // same drawing fails against another background, with a shape's colour changed to the
+  // background's, or with a shape drawn as another kind (for the kind alone: its colour and
+  // place stay right).
+  const json held = held_out();
+  const std::vector<std::string> kinds = {"circle", "square", "triangle"};
+  int checked = 0;
+  for (const auto& [set, all] : held["sets"].items()) {
+    for (const auto& scene : xfuser::examples::tiny_shapes::spread_scenes(held, 12, set)) {
+      ++checked;
+      const at::Tensor pic = draw(held, scene);
+      const Verdict v = check_picture(pic, scene, held);
+      EXPECT_TRUE(v.pass) << set << ": " << scene["caption"] << ": " << v.why;
+      json other = scene;
+      other["background"] = scene["background"] == "white" ? "black" : "white";
+      bool uses = false;
+      for (const auto& s : scene["shapes"]) uses = uses || s["colour"] == other["background"];
+      if (!uses) {
+        EXPECT_FALSE(check_picture(pic, other, held).pass) << scene["caption"];
+      }
+      other = scene;
+      other["shapes"][0]["colour"] = scene["background"];
+      EXPECT_FALSE(check_picture(pic, other, held).pass) << scene["caption"];
+      std::vector<std::string> drawn;
+      for (const auto& s : scene["shapes"]) drawn.push_back(s["kind"]);
+      const auto at = std::find(kinds.begin(), kinds.end(), drawn[0]) - kinds.begin();
+      drawn[0] = kinds[(at + 1) % kinds.size()];
+      const Verdict wrong = check_picture(draw(held, scene, drawn), scene, held);
+      EXPECT_TRUE(wrong.colour_place) << scene["caption"] << ": " << wrong.why;
+      EXPECT_FALSE(wrong.kind) << scene["caption"] << " drawn with a " << drawn[0];
+    }
+  }
+  EXPECT_EQ(checked, 60);
 }
 
 // A trained LoRA adapter (examples/tiny_shapes/lora_night.safetensors, train_lora.py, written
@@ -171,7 +231,7 @@ TEST(TinyShapes, TrainedLoraAdapterPaintsTheNight) {
   auto model = spec.create(spec);
   model->load(dir, options);
   json scenes = json::array();
-  for (const auto& scene : xfuser::examples::tiny_shapes::spread_scenes(held, 100)) {
+  for (const auto& scene : xfuser::examples::tiny_shapes::spread_scenes(held, 60)) {
     bool black_shape = false;
     for (const auto& s : scene["shapes"]) black_shape = black_shape || s["colour"] == "black";
     if (!black_shape) scenes.push_back(scene);

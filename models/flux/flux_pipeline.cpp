@@ -339,10 +339,11 @@ std::vector<ModelSpec> model_specs() {
   // The trained tiny model (examples/tiny_shapes/train.py): the quick start's demo.
   ModelSpec shapes = tiny;
   shapes.id = "tiny-shapes";
-  shapes.defaults = {128, 128, 16, 3.5, 32, 0};
+  shapes.defaults = {96, 96, 16, 3.5, 56, 0};
   shapes.description =
-      "Built-in FLUX.1 architecture trained to draw captioned shapes (\"a large red circle at "
-      "the top left on a blue background\"; examples/tiny_shapes); 128x128 in about a second";
+      "Built-in FLUX.1 architecture trained to draw the shapes a caption asks for (\"a big red "
+      "circle in the top left corner and two small blue triangles on yellow\"; "
+      "examples/tiny_shapes); 96x96 in about a second";
   ModelSpec kontext = dev;
   kontext.id = "FLUX.1-Kontext-dev";
   kontext.aliases = {"black-forest-labs/FLUX.1-Kontext-dev", "FLUX.1-Kontext"};
