@@ -83,11 +83,11 @@ struct SetBar {
   double at_least;
 };
 constexpr SetBar kBars[] = {
-    {"single", 100, true, 0.90},   // one shape, everything said: colour, place and kind
-    {"free", 50, false, 0.90},     // a size, the places or the background left out
-    {"multi", 50, false, 0.70},    // two or three shapes, places said: every colour and place
-    {"counts", 24, false, 0.70},   // "two red circles ...": the colours in as many cells
-    {"unknown", 24, true, 0.85},   // single scenes with real words the model never saw
+    {"single", 100, true, 0.90},  // one shape, everything said: colour, place and kind
+    {"free", 50, false, 0.90},    // a size, the places or the background left out
+    {"multi", 50, false, 0.70},   // two or three shapes, places said: every colour and place
+    {"counts", 24, false, 0.70},  // "two red circles ...": the colours in as many cells
+    {"unknown", 24, true, 0.85},  // single scenes with real words the model never saw
 };
 // The random-weight model is checked on 24 one-shape scenes; it passes none (noise has no flat
 // background).
@@ -121,8 +121,7 @@ TEST(TinyShapes, Fp8GemmsDrawWithinThreePointsOfTheirComputeDtype) {
   const double base = rates(dir, held, scenes, plain).pass_rate();
   const double rate = rates(dir, held, scenes, fp8).pass_rate();
   std::printf("tiny-shapes one-shape scenes: %s %.1f%%, FP8 GEMMs %.1f%% of %d\n",
-              c10::toString(plain.dtype), 100 * base, 100 * rate,
-              static_cast<int>(scenes.size()));
+              c10::toString(plain.dtype), 100 * base, 100 * rate, static_cast<int>(scenes.size()));
   EXPECT_GE(rate, base - 0.03);
 }
 

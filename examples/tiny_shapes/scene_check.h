@@ -174,7 +174,8 @@ inline Verdict check_picture(const at::Tensor& picture, const json& scene, const
     if (!shape) return kind;
     double nearest = 1e30;
     for (const auto& [name, proto] : chk["prototypes"].items()) {
-      const double df = (shape->fill - proto[0].get<double>()) / chk["spread"]["fill"].get<double>();
+      const double df =
+          (shape->fill - proto[0].get<double>()) / chk["spread"]["fill"].get<double>();
       const double dt = (shape->top - proto[1].get<double>()) / chk["spread"]["top"].get<double>();
       if (df * df + dt * dt < nearest) {
         nearest = df * df + dt * dt;
@@ -261,8 +262,8 @@ inline Verdict check_picture(const at::Tensor& picture, const json& scene, const
       }
       if (bgn < empty * n) {
         v.colour_place = false;
-        v.why += "empty " + where(row, col) +
-                 ": background " + std::to_string(static_cast<double>(bgn) / n) + "; ";
+        v.why += "empty " + where(row, col) + ": background " +
+                 std::to_string(static_cast<double>(bgn) / n) + "; ";
       }
     }
   }
