@@ -19,6 +19,7 @@
 #include "models/flux/tiny_flux.h"
 #include "models/registry.h"
 #include "models/xfuser_model.h"
+#include "runner/outputs.h"
 #include "runner/runner.h"
 #include "tests/test_util.h"
 
@@ -202,6 +203,30 @@ TEST(TinyShapes, CheckerAcceptsDrawnScenesAndRefusesWrongOnes) {
     }
   }
   EXPECT_EQ(checked, 60);
+}
+
+TEST(TinyShapes, CheckerAgreesWithScorePy) {
+  // scene_check.h against examples/tiny_shapes/score.py on the same pictures: held-out scenes
+  // drawn and then spoiled in seeded ways (tests/fixtures/generate.py --only
+  // tiny_shapes_checker), 60 verdicts of both outcomes of each part of the check.
+  const json held = held_out();
+  const fs::path dir = xfuser::testing::fixtures_dir() / "tiny_shapes_checker";
+  XF_REQUIRE_FIXTURE(dir / "verdicts.json");
+  const json rows = xfuser::testing::read_json(dir / "verdicts.json");
+  int passing = 0;
+  int failing = 0;
+  for (const auto& row : rows) {
+    const at::Tensor pic = xfuser::runner::read_png(dir / row["picture"].get<std::string>());
+    const Verdict v = check_picture(pic, row["scene"], held);
+    EXPECT_EQ(v.colour_place, row["colour_place"].get<bool>())
+        << row["picture"] << " (" << row["spoil"] << "): " << v.why;
+    EXPECT_EQ(v.kind, row["kind"].get<bool>())
+        << row["picture"] << " (" << row["spoil"] << "): " << v.why;
+    (row["kind"].get<bool>() ? passing : failing) += 1;
+  }
+  EXPECT_EQ(rows.size(), 60u);
+  EXPECT_GT(passing, 10);
+  EXPECT_GT(failing, 10);
 }
 
 // A trained LoRA adapter (examples/tiny_shapes/lora_night.safetensors, train_lora.py, written
