@@ -221,18 +221,28 @@ def encode_pictures(vae, n, n_captions, rng, excluded, excluded_multi):
     64, each with n_captions captions: (raw latents, captions, the last batch's pixels, the
     specs). Without a VAE, the same draws from rng and no latents (the specs of a set encoded
     before, from the same rng)."""
-    caps, lat, all_specs = [], [], []
+    caps, lat, all_specs, masks = [], [], [], []
     with torch.no_grad():
         for i in range(0, n, 64):
             specs = [shapes.random_spec(rng, excluded, excluded_multi)
                      for _ in range(min(64, n - i))]
-            x = to_tensor([shapes.draw(sp.scene, rng) for sp in specs])
+            imgs = [shapes.draw(sp.scene, rng) for sp in specs]
+            x = to_tensor(imgs)
+            masks += [shape_tokens(img, sp.scene[0]) for img, sp in zip(imgs, specs)]
             if vae is not None:
                 lat.append(vae.encode(x).latent_dist.mode())
             for sp in specs:
                 caps += [shapes.training_caption(sp, rng) for _ in range(n_captions)]
             all_specs += specs
-    return (torch.cat(lat) if lat else None), caps, x, all_specs
+    return (torch.cat(lat) if lat else None), caps, x, all_specs, torch.stack(masks)
+
+
+def shape_tokens(img, bg, token=8):
+    """Which packed latent tokens (token x token pixels each: 4x VAE, 2x2 packing) hold a shape's
+    pixel: bool [tokens]."""
+    m = torch.from_numpy((img != np.array(shapes.COLOURS[bg], dtype=np.uint8)).any(-1))
+    t = shapes.SIZE // token
+    return m.view(t, token, t, token).any(3).any(1).reshape(-1)
 
 
 def parse_targets(specs, n_captions):
@@ -480,6 +490,10 @@ def main():
                     help="the auxiliary scene parser's loss weight (0: none)")
     ap.add_argument("--parse_from", type=int, default=0,
                     help="the phase-3 step the parser's loss starts at")
+    ap.add_argument("--focus_weight", type=float, default=0.0,
+                    help="phase 3: extra loss weight of the tokens holding a shape")
+    ap.add_argument("--focus_from", type=int, default=0,
+                    help="the phase-3 step the token weights start at")
     ap.add_argument("--checkpoint_every", type=int, default=100)
     ap.add_argument("--stop_after", type=float, default=0,
                     help="minutes: save the state and stop once phase 3 has run this long")
@@ -522,8 +536,8 @@ def main():
     if not encoded.exists():
         t0 = time.time()
         rng = np.random.default_rng(args.seed + 5)
-        lat, caps, x, specs = encode_pictures(vae, args.train_pictures, args.captions, rng,
-                                              excluded, excluded_multi)
+        lat, caps, x, specs, masks = encode_pictures(vae, args.train_pictures, args.captions,
+                                                     rng, excluded, excluded_multi)
         shift = round(lat.mean().item(), 4)
         scale = round(1.0 / (lat - shift).std().item(), 4)
         lat = (lat - shift) * scale
@@ -538,7 +552,8 @@ def main():
         ids2 = tok2(caps, padding="max_length", max_length=max_seq, truncation=True,
                     return_tensors="pt").input_ids
         torch.save({"x0": pack(lat), "ids1": ids1, "ids2": ids2, "shift": shift, "scale": scale,
-                    "captions": caps[:64], "targets": parse_targets(specs, args.captions)},
+                    "captions": caps[:64], "targets": parse_targets(specs, args.captions),
+                    "shape_tokens": masks},
                    state / "encoded.tmp")
         os.rename(state / "encoded.tmp", encoded)
         train_log["encode"] = {"pictures": args.train_pictures, "captions": len(caps),
@@ -547,12 +562,13 @@ def main():
             f"scale {scale} ({time.time() - t0:.0f} s)")
         save_log()
     data = torch.load(encoded)
-    if "targets" not in data:  # a set encoded before the parser's targets were kept: replayed
-        _, caps, _, specs = encode_pictures(None, args.train_pictures, args.captions,
-                                            np.random.default_rng(args.seed + 5), excluded,
-                                            excluded_multi)
+    if "shape_tokens" not in data:  # a set encoded before these were kept: replayed
+        _, caps, _, specs, masks = encode_pictures(None, args.train_pictures, args.captions,
+                                                   np.random.default_rng(args.seed + 5),
+                                                   excluded, excluded_multi)
         assert caps[:64] == data["captions"], "the replayed captions differ from the set's"
         data["targets"] = parse_targets(specs, args.captions)
+        data["shape_tokens"] = masks
         torch.save(data, state / "encoded.tmp")
         os.rename(state / "encoded.tmp", encoded)
     x0_all, ids1_all, ids2_all = data["x0"], data["ids1"], data["ids2"]
@@ -619,7 +635,13 @@ def main():
         pred = model(hidden_states=xt, encoder_hidden_states=text, pooled_projections=pooled,
                      timestep=s, guidance=guidance, img_ids=img_ids, txt_ids=txt_ids,
                      return_dict=False)[0]
-        loss = F.mse_loss(pred, noise - x0)
+        if args.focus_weight and step >= args.focus_from:
+            # Tokens holding a shape weigh 1 + focus_weight: a shape is 1-5% of a picture's
+            # tokens, and the flat background alone otherwise sets most of the loss.
+            w = 1.0 + args.focus_weight * data["shape_tokens"][idx].float()[..., None]
+            loss = ((pred - (noise - x0)) ** 2 * w).mean() / w.mean()
+        else:
+            loss = F.mse_loss(pred, noise - x0)
         losses.append(loss.item())
         if parsing and step >= args.parse_from:
             parse = parser.loss(text, ids2 != 0, pooled, {k: v[cap] for k, v in targets.items()})
