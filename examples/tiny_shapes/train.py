@@ -19,20 +19,26 @@ What is trained, in order (deterministic from --seed on a fixed thread count):
      shift_factor and scaling_factor are set from the latents' mean and std, as FLUX.1's;
   2. a fixed set of pictures is encoded once, each with --captions captions drawn from
      shapes.training_caption (phrasings, orders, left-out parts, fillers, made-up words);
-  3. the transformer, T5 and CLIP together, from seeded random weights, by rectified flow (the
+  2b. T5, CLIP and an auxiliary scene parser (`Parser`, not part of the pipeline) alone, on
+     fresh captions: the parser reads T5's tokens and CLIP's pooled vector and says the
+     background, each colour's count and each cell's colour, kind and size, so that the text
+     encoders can read a caption before the transformer needs them to;
+  3. the transformer from seeded random weights, T5 and CLIP from phase 2b, by rectified flow (the
      pipeline's velocity: noise - x0, at sigmas drawn logit-normal and shifted as the pipeline's
      schedule is at this size), with an EMA of the weights, which is what is saved. FLUX gives
      text tokens no position (txt_ids are zero), so which colour word belongs to which shape,
-     place or the background must come from the text encoders: they learn it here. The guidance
-     embedding's output is held at zero: this model has no distilled guidance;
+     place or the background must come from the text encoders (phase 2b). The guidance
+     embedding's output is held at zero: this model has no distilled guidance. The parser's loss
+     (--parse_weight) keeps reaching the text encoders;
   4. the VAE's decoder alone, on whole pictures, from the stored VAE (the encoder and so the
      latent space stay as the transformer learned them).
 
 --state keeps what each phase made (the VAE, the encoded set, phase 3's weights, EMA, optimizer
 and random state every --checkpoint_every steps): a run stopped anywhere resumes there with the
-same command, and a finished phase 3 is extended by a larger --steps (the learning-rate schedule
-is a function of the step and --steps, so an extended run is not the run made at once with that
---steps; train_log.json records every stretch).
+same command. Phase 3 writes the model at step --finish_at of a learning-rate schedule spanning
+--steps; a larger --finish_at (up to --steps) goes on from the same state, and so does a larger
+--steps, though the schedule then changes, so that run is not the run made at once with that
+--steps. train_log.json records every stretch.
 """
 
 import argparse
@@ -286,27 +292,51 @@ class Parser(torch.nn.Module):
         self.cell = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(),
                                         torch.nn.Linear(width, (n + 1) + 4 + 4))
 
-    def loss(self, hidden, mask, pooled, t):
+    def heads(self, hidden, mask, pooled):
+        """The parser's logits: background and counts from T5's masked mean and from CLIP's
+        pooled vector, and the nine cells' colour, kind and size from T5's tokens."""
         n = len(shapes.COLOURS)
         m = mask[..., None].float()
         mean = (hidden * m).sum(1) / m.sum(1)
-        ce = F.cross_entropy
-        loss = ce(self.bg(mean), t["bg"]) + ce(self.bag(mean).view(-1, n, 4).transpose(1, 2),
-                                               t["bag"])
-        loss = loss + ce(self.clip_bg(pooled), t["bg"]) + ce(
-            self.clip_bag(pooled).view(-1, n, 4).transpose(1, 2), t["bag"])
         att = torch.einsum("qd,bld->bql", self.queries, hidden) / hidden.shape[-1] ** 0.5
         att = att.masked_fill(~mask[:, None, :], float("-inf")).softmax(-1)
-        out = self.cell(torch.einsum("bql,bld->bqd", att, hidden))
+        cell = self.cell(torch.einsum("bql,bld->bqd", att, hidden))
+        return {"bg": self.bg(mean), "bag": self.bag(mean).view(-1, n, 4).transpose(1, 2),
+                "clip_bg": self.clip_bg(pooled),
+                "clip_bag": self.clip_bag(pooled).view(-1, n, 4).transpose(1, 2),
+                "colour": cell[..., :n + 1], "kind": cell[..., n + 1:n + 5],
+                "size": cell[..., n + 5:]}
+
+    def loss(self, hidden, mask, pooled, t):
+        o = self.heads(hidden, mask, pooled)
+        ce = F.cross_entropy
+        loss = ce(o["bg"], t["bg"]) + ce(o["bag"], t["bag"]) + ce(o["clip_bg"], t["bg"]) + \
+            ce(o["clip_bag"], t["bag"])
         said = t["said"]
         if said.sum() > 0:
             cells = t["cells"]
-            parts = [(out[..., :n + 1], cells[..., 0]), (out[..., n + 1:n + 5], cells[..., 1]),
-                     (out[..., n + 5:], cells[..., 2])]
-            per = sum(F.cross_entropy(o.reshape(-1, o.shape[-1]), c.reshape(-1),
-                                      reduction="none").view(-1, 9).mean(1) for o, c in parts)
+            per = sum(F.cross_entropy(o[k].reshape(-1, o[k].shape[-1]), cells[..., i].reshape(-1),
+                                      reduction="none").view(-1, 9).mean(1)
+                      for i, k in enumerate(("colour", "kind", "size")))
             loss = loss + (per * said).sum() / said.sum()
         return loss
+
+    @torch.no_grad()
+    def accuracy(self, hidden, mask, pooled, t):
+        """How often the parser reads the caption right: the background (T5 and CLIP), every
+        colour's count, and, over the occupied cells of captions that say their places, each
+        cell's colour, kind and size."""
+        o = self.heads(hidden, mask, pooled)
+        hit = lambda k, target: (o[k].argmax(-1) == target).float().mean().item()  # noqa: E731
+        said = t["said"] > 0
+        cells = t["cells"]
+        occ = (cells[..., 0] < len(shapes.COLOURS)) & said[:, None]
+        acc = {"bg": hit("bg", t["bg"]), "clip_bg": hit("clip_bg", t["bg"]),
+               "counts": (o["bag"].argmax(1) == t["bag"]).all(1).float().mean().item()}
+        for i, k in enumerate(("colour", "kind", "size")):
+            acc[k] = (o[k].argmax(-1)[occ] == cells[..., i][occ]).float().mean().item() \
+                if occ.any() else float("nan")
+        return acc
 
 
 def save_pairs(pair, path):
@@ -432,6 +462,69 @@ def train_vae(args, excluded, excluded_multi):
                  "seconds": time.time() - t0}
 
 
+def train_text(args, t5, clip, parser, tokenizers, max_seq, excluded, excluded_multi, ckpt):
+    """2b. T5, CLIP and the parser alone, on fresh captions (no pictures): the text encoders
+    learn to read each shape's colour, kind, size and place before the transformer needs them.
+    Trained with the diffusion loss alone, T5 stays near chance on which cell holds which colour
+    for thousands of steps, and the transformer then learns to take the layout from the noise.
+    Resumes from ckpt."""
+    tok1, tok2 = tokenizers
+    params = [p for m in (t5, clip, parser) for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=args.text_pre_lr, weight_decay=0.0, betas=(0.9, 0.99))
+    rng = np.random.default_rng(args.seed + 9)
+    start, seconds, history = 0, 0.0, []
+    if ckpt.exists():
+        c = torch.load(ckpt, weights_only=False)
+        for m, sd in zip((t5, clip, parser), c["weights"]):
+            m.load_state_dict(sd)
+        opt.load_state_dict(c["opt"])
+        rng.bit_generator.state = c["rng"]
+        start, seconds, history = c["step"], c["seconds"], c["history"]
+        log(f"text phase resumes at step {start}")
+    t0 = time.time() - seconds
+    losses = []
+
+    def batch(n):
+        specs = [shapes.random_spec(rng, excluded, excluded_multi) for _ in range(n)]
+        caps = [shapes.training_caption(sp, rng) for sp in specs]
+        ids1 = tok1(caps, padding="max_length", max_length=CLIP_MAX, truncation=True,
+                    return_tensors="pt").input_ids
+        ids2 = tok2(caps, padding="max_length", max_length=max_seq, truncation=True,
+                    return_tensors="pt").input_ids
+        return ids1, ids2, parse_targets(specs, 1)
+
+    for step in range(start, args.text_steps):
+        ids1, ids2, t = batch(args.text_batch)
+        loss = parser.loss(t5(ids2)[0], ids2 != 0, clip(ids1).pooler_output, t)
+        warm = min(1.0, (step + 1) / 100)
+        cos = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.text_steps))
+        for grp in opt.param_groups:
+            grp["lr"] = args.text_pre_lr * warm * cos
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        done = step + 1
+        if done % 250 == 0 or done == args.text_steps:
+            ids1, ids2, t = batch(256)
+            with torch.no_grad():
+                acc = parser.accuracy(t5(ids2)[0], ids2 != 0, clip(ids1).pooler_output, t)
+            history.append({"step": done, "loss": float(np.mean(losses[-250:])),
+                            **{k: round(v, 3) for k, v in acc.items()}})
+            log(f"text {done}: loss {history[-1]['loss']:.3f} " +
+                " ".join(f"{k} {v:.2f}" for k, v in acc.items()) +
+                f" ({time.time() - t0:.0f} s)")
+            torch.save({"weights": [m.state_dict() for m in (t5, clip, parser)],
+                        "opt": opt.state_dict(), "rng": rng.bit_generator.state, "step": done,
+                        "seconds": time.time() - t0, "history": history},
+                       ckpt.with_suffix(".tmp"))
+            os.rename(ckpt.with_suffix(".tmp"), ckpt)
+    c = torch.load(ckpt, weights_only=False)
+    return {"steps": c["step"], "batch": args.text_batch, "seconds": c["seconds"],
+            "history": c["history"]}
+
+
 def build_models(args, clip_vocab, t5_pieces, in_channels):
     from diffusers import FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
@@ -476,17 +569,24 @@ def main():
     ap.add_argument("--vae_noise", type=float, default=0.03)
     ap.add_argument("--train_pictures", type=int, default=16000)
     ap.add_argument("--captions", type=int, default=4, help="captions drawn per picture")
-    ap.add_argument("--steps", type=int, default=3000,
-                    help="phase 3: the transformer and the text encoders together")
-    ap.add_argument("--batch", type=int, default=48)
+    ap.add_argument("--text_steps", type=int, default=4000,
+                    help="phase 2b: T5, CLIP and the parser alone on fresh captions")
+    ap.add_argument("--text_batch", type=int, default=64)
+    ap.add_argument("--text_pre_lr", type=float, default=1e-3)
+    ap.add_argument("--steps", type=int, default=4000,
+                    help="phase 3: the transformer and the text encoders together; the "
+                         "learning rate's cosine spans these steps")
+    ap.add_argument("--finish_at", type=int, default=3100,
+                    help="the phase-3 step the model is written at (0: --steps)")
+    ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--text_lr", type=float, default=1e-3, help="the text encoders' in phase 3")
+    ap.add_argument("--text_lr", type=float, default=1e-4, help="the text encoders' in phase 3")
     ap.add_argument("--text_width", type=int, default=128, help="T5's d_model")
     ap.add_argument("--text_layers", type=int, default=3, help="T5's layers")
     ap.add_argument("--double_blocks", type=int, default=2)
     ap.add_argument("--single_blocks", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4, help="of 32 channels")
-    ap.add_argument("--parse_weight", type=float, default=0.05,
+    ap.add_argument("--parse_weight", type=float, default=0.1,
                     help="the auxiliary scene parser's loss weight (0: none)")
     ap.add_argument("--parse_from", type=int, default=0,
                     help="the phase-3 step the parser's loss starts at")
@@ -588,10 +688,21 @@ def main():
     torch.manual_seed(args.seed + 8)
     parser = Parser(args.text_width, clip.config.hidden_size)
 
+    # 2b. The text encoders and the parser alone, before the transformer.
+    ckpt = state / "phase3.pt"
+    if args.text_steps and not ckpt.exists():
+        from transformers import CLIPTokenizer, T5TokenizerFast
+        tokenizers = (CLIPTokenizer.from_pretrained(state / "tokenizer"),
+                      T5TokenizerFast.from_pretrained(state / "tokenizer_2"))
+        for m in (t5, clip):
+            m.train()
+        train_log["text"] = train_text(args, t5, clip, parser, tokenizers, max_seq, excluded,
+                                       excluded_multi, state / "text.pt")
+        save_log()
+
     def add_parser():
         opt.add_param_group({"params": list(parser.parameters()), "lr": args.text_lr})
         base.append(args.text_lr)
-    ckpt = state / "phase3.pt"
     start, losses = 0, []
     if ckpt.exists():
         c = torch.load(ckpt)
@@ -626,7 +737,8 @@ def main():
     for m in modules:
         m.train()
     step = start
-    while step < args.steps:
+    end = args.finish_at or args.steps
+    while step < end:
         idx, cap, x0, noise, s, guidance, xt = flow_batch(n_pictures, n_captions, x0_all,
                                                           args.batch, mu, g)
         ids2 = ids2_all[cap]
@@ -669,13 +781,13 @@ def main():
                 for k, v in m.state_dict().items():
                     ema[k].mul_(decay).add_(v.detach(), alpha=1 - decay)
         step += 1
-        if step % 100 == 0 or step == args.steps:
+        if step % 100 == 0 or step == end:
             log(f"transformer {step}: loss {np.mean(losses[-100:]):.4f} "
                 + (f"parse {np.mean(parse_losses[-100:]):.3f} " if parse_losses else "") +
                 f"lr {args.lr * warm * cos:.2e} ({time.time() - t0:.0f} s)")
-        if step % args.checkpoint_every == 0 or step == args.steps:
+        if step % args.checkpoint_every == 0 or step == end:
             save_ckpt(step)
-            if args.stop_after and time.time() - t0 > 60 * args.stop_after and step < args.steps:
+            if args.stop_after and time.time() - t0 > 60 * args.stop_after and step < end:
                 train_log.setdefault("phase3_stretches", []).append(
                     {"from": start, "to": step, "seconds": time.time() - t0})
                 save_log()
@@ -695,8 +807,9 @@ def main():
     import score
     shapes.write_held_out(args.report_dir / "heldout.json", sets, score.CHECKER, score.STEPS,
                          max_seq)
-    train_log["total_seconds"] = sum(train_log[k]["seconds"] for k in ("vae", "encode",
-                                                                       "decoder")) + \
+    train_log["total_seconds"] = sum(train_log[k]["seconds"] for k in ("vae", "encode", "text",
+                                                                       "decoder")
+                                     if k in train_log) + \
         sum(s["seconds"] for s in train_log["phase3_stretches"])
     save_log()
     (args.report_dir / "train_log.json").write_text(json.dumps(train_log, indent=1) + "\n")
