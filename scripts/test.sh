@@ -23,7 +23,7 @@ if [[ "${TEST_BUILD:-all}" == selected ]]; then
   mapfile -t tests < <(ctest --test-dir "$BUILD_DIR" -N "$@" |
                        sed -n 's/^ *Test *#[0-9]*: \([^ ]*\).*/\1/p')
   targets=(xfuser-programs)
-  for t in "${tests[@]}"; do targets+=("${t%_np[0-9]*}"); done
+  for t in "${tests[@]}"; do t="${t%%.*}"; targets+=("${t%_np[0-9]*}"); done
   mapfile -t targets < <(printf '%s\n' "${targets[@]}" | sort -u)
   cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${targets[@]}"
 else
