@@ -10,10 +10,9 @@ distribution, none of them held out (train.py's exclusion) and none with a black
 vanish on black). Deterministic from --seed on a fixed thread count (~3 min of training on 2
 cores; ~7 min in all with the encoding and the score).
 
-Prompts are encoded by the pipeline's own encode_prompt, with tokenizer_2 made to split as the
-SentencePiece model does (see faithful_t5_tokenizer): transformers 5's T5Tokenizer splits some
-caption words differently, and the committed model, trained on SentencePiece's pieces, passes
-53 of score.py's 100 held-out scenes through it instead of 97.
+Prompts are encoded by the pipeline's own encode_prompt. faithful_t5_tokenizer checks that
+tokenizer_2 splits captions as the SentencePiece model does (train.py's unigram model splits
+alike in SentencePiece and transformers 4 and 5) and mends it where it does not.
 
 Writes, next to this file:
   lora_night.safetensors  the adapter, saved by diffusers' FluxPipeline.save_lora_weights
@@ -25,10 +24,12 @@ Writes, next to this file:
 
 The score: --eval held-out scenes spread over heldout.json as score.py spreads them (the
 generator of the i-th scene of that spread is seeded i, as score.py seeds it; scenes with a black
-shape are skipped), drawn by diffusers' FluxPipeline (fp32, 16 steps, 128x128) loaded fresh, with
+shape are skipped), drawn by diffusers' FluxPipeline (fp32, 16 steps, 96x96) loaded fresh, with
 the adapter loaded by load_lora_weights:
   - without the adapter, checked against the scene as captioned and against its night version;
   - with the adapter at scale 1, checked against the night version (background "black");
+  checked for colour and place (score.py's colour_place), the adapter's change being the
+  background's;
   - with the adapter at scale 0, the largest pixel difference to the pictures without it.
 """
 
