@@ -13,9 +13,10 @@ shapes.held_out_sets, for score.py and tests/test_tiny_shapes.cpp) and train_log
 times, the held-out scores measured here with diffusers' FluxPipeline).
 
 What is trained, in order (deterministic from --seed on a fixed thread count):
-  1. the VAE, on random 64x64 crops of drawn pictures (it is fully convolutional): L1 of the
-     decoded latent mean plus noise of std --vae_noise, the L1 of the pictures' gradients (edges
-     stay sharp: the shapes' kinds are in their corners), and a small L2 on the latents; then
+  1. the VAE, on 48x48 crops of drawn pictures around a shape (it is fully convolutional): L1
+     of the decoded latent mean plus noise of std --vae_noise, the L1 of the pictures' gradients
+     (edges stay sharp: the shapes' kinds are in their corners), both weighted up on and near the
+     shapes (`focus`), and a small L2 on the latents; then
      shift_factor and scaling_factor are set from the latents' mean and std, as FLUX.1's;
   2. a fixed set of pictures is encoded once, each with --captions captions drawn from
      shapes.training_caption (phrasings, orders, left-out parts, fillers, made-up words);
@@ -852,7 +853,7 @@ def write_folder(args, modules, emas, vae, data, train_log):
 def finetune_decoder(folder, seed, steps, excluded, excluded_multi, dtype):
     """4. The decoder alone, on whole pictures, from the VAE as stored. The encoder, hence the
     latent space and the transformer's targets, does not change; the decoder learns the whole
-    picture's edges, which the 64x64 crops cut."""
+    picture's edges, which the 48x48 crops cut."""
     from diffusers import AutoencoderKL
     vae = AutoencoderKL.from_pretrained(folder / "vae", torch_dtype=torch.float32)
     torch.manual_seed(seed + 7)
