@@ -28,7 +28,7 @@ def main():
             model=model,
             prompt="a large red circle in the center on a blue background",
             n=2,
-            size="128x128",
+            size="96x96",
             response_format="b64_json",
             extra_body={"seed": 11, "num_inference_steps": 8},
         )
@@ -39,7 +39,7 @@ def main():
         result = client.images.generate(
             model=model,
             prompt="a large red circle in the center on a blue background",
-            size="128x128",
+            size="96x96",
             response_format="url",
             extra_body={"seed": 11, "num_inference_steps": 8},
         )
