@@ -463,13 +463,29 @@ def train_vae(args, excluded, excluded_multi):
                  "seconds": time.time() - t0}
 
 
+def load_tokenizers(state):
+    """The CLIP and T5 tokenizers phase 0 wrote into state."""
+    from transformers import CLIPTokenizer, T5TokenizerFast
+    return (CLIPTokenizer.from_pretrained(state / "tokenizer"),
+            T5TokenizerFast.from_pretrained(state / "tokenizer_2"))
+
+
+def token_ids(tokenizers, caps, max_seq):
+    """The captions' CLIP ids (padded to CLIP_MAX) and T5 ids (padded to max_seq)."""
+    tok1, tok2 = tokenizers
+    ids1 = tok1(caps, padding="max_length", max_length=CLIP_MAX, truncation=True,
+                return_tensors="pt").input_ids
+    ids2 = tok2(caps, padding="max_length", max_length=max_seq, truncation=True,
+                return_tensors="pt").input_ids
+    return ids1, ids2
+
+
 def train_text(args, t5, clip, parser, tokenizers, max_seq, excluded, excluded_multi, ckpt):
     """2b. T5, CLIP and the parser alone, on fresh captions (no pictures): the text encoders
     learn to read each shape's colour, kind, size and place before the transformer needs them.
     Trained with the diffusion loss alone, T5 stays near chance on which cell holds which colour
     for thousands of steps, and the transformer then learns to take the layout from the noise.
     Resumes from ckpt."""
-    tok1, tok2 = tokenizers
     params = [p for m in (t5, clip, parser) for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=args.text_pre_lr, weight_decay=0.0, betas=(0.9, 0.99))
     rng = np.random.default_rng(args.seed + 9)
@@ -488,11 +504,7 @@ def train_text(args, t5, clip, parser, tokenizers, max_seq, excluded, excluded_m
     def batch(n):
         specs = [shapes.random_spec(rng, excluded, excluded_multi) for _ in range(n)]
         caps = [shapes.training_caption(sp, rng) for sp in specs]
-        ids1 = tok1(caps, padding="max_length", max_length=CLIP_MAX, truncation=True,
-                    return_tensors="pt").input_ids
-        ids2 = tok2(caps, padding="max_length", max_length=max_seq, truncation=True,
-                    return_tensors="pt").input_ids
-        return ids1, ids2, parse_targets(specs, 1)
+        return (*token_ids(tokenizers, caps, max_seq), parse_targets(specs, 1))
 
     for step in range(start, args.text_steps):
         ids1, ids2, t = batch(args.text_batch)
@@ -645,13 +657,7 @@ def main():
         with torch.no_grad():
             pair = torch.cat([x[-8:], vae.decode(lat[-8:] / scale + shift).sample], 3)
         save_pairs(pair, args.report_dir / "vae_reconstruction.png")
-        from transformers import CLIPTokenizer, T5TokenizerFast
-        tok1 = CLIPTokenizer.from_pretrained(state / "tokenizer")
-        tok2 = T5TokenizerFast.from_pretrained(state / "tokenizer_2")
-        ids1 = tok1(caps, padding="max_length", max_length=CLIP_MAX, truncation=True,
-                    return_tensors="pt").input_ids
-        ids2 = tok2(caps, padding="max_length", max_length=max_seq, truncation=True,
-                    return_tensors="pt").input_ids
+        ids1, ids2 = token_ids(load_tokenizers(state), caps, max_seq)
         torch.save({"x0": pack(lat), "ids1": ids1, "ids2": ids2, "shift": shift, "scale": scale,
                     "captions": caps[:64], "targets": parse_targets(specs, args.captions),
                     "shape_tokens": masks},
@@ -692,9 +698,7 @@ def main():
     # 2b. The text encoders and the parser alone, before the transformer.
     ckpt = state / "phase3.pt"
     if args.text_steps and not ckpt.exists():
-        from transformers import CLIPTokenizer, T5TokenizerFast
-        tokenizers = (CLIPTokenizer.from_pretrained(state / "tokenizer"),
-                      T5TokenizerFast.from_pretrained(state / "tokenizer_2"))
+        tokenizers = load_tokenizers(state)
         for m in (t5, clip):
             m.train()
         train_log["text"] = train_text(args, t5, clip, parser, tokenizers, max_seq, excluded,
