@@ -1,6 +1,8 @@
 #include "parallel/watchdog.h"
 
 #include <exception>
+#include <future>
+#include <memory>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -60,9 +62,8 @@ std::string Watchdog::message() const {
   return message_;
 }
 
-void Watchdog::default_fatal(const std::string& message) {
-  spdlog::critical("[rank {}] {}", process_rank(), message);
-  spdlog::default_logger()->flush();
+void Watchdog::default_fatal(const std::string& /*message*/) {
+  spdlog::default_logger()->flush();  // fire() logged the message before the abort
   MpiEnvironment::abort(1);
 }
 
@@ -74,15 +75,34 @@ void Watchdog::fire(const std::string& message, std::vector<Entry>& active) {
     for (auto& e : incoming_) active.push_back(std::move(e));
     incoming_.clear();
   }
-  try {
-    if (abort_) abort_();
-  } catch (const std::exception& e) {
-    spdlog::error("watchdog of group '{}': aborting the communicator failed: {}", name_, e.what());
+  // Logged first: the abort below may wait on the device.
+  spdlog::critical("[rank {}] {}", process_rank(), message);
+  spdlog::default_logger()->flush();
+  auto returned = std::make_shared<std::promise<void>>();
+  std::future<void> aborted = returned->get_future();
+  std::thread aborter([this, returned] {
+    try {
+      if (abort_) abort_();
+    } catch (const std::exception& e) {
+      spdlog::error("watchdog of group '{}': aborting the communicator failed: {}", name_,
+                    e.what());
+    }
+    returned->set_value();
+  });
+  const bool in_time = aborted.wait_for(abort_grace_) == std::future_status::ready;
+  if (!in_time) {
+    spdlog::critical(
+        "[rank {}] watchdog of group '{}': aborting the communicator did not return within {} ms "
+        "(it waits for work already queued on the device); ending the job without it",
+        process_rank(), name_, abort_grace_.count());
+    spdlog::default_logger()->flush();
+    fatal_(message);  // ends the job (default); a test's handler returns, and the abort is awaited
   }
+  aborter.join();
   for (auto& e : active) {
     if (e.finish) e.finish(false);
   }
-  fatal_(message);  // ends the job (default); a test's handler returns, and drain() then returns
+  if (in_time) fatal_(message);  // as above
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending_ -= active.size();

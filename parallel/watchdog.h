@@ -2,8 +2,11 @@
 // collectives and point-to-point operations and returns at once, and its Watchdog polls each one
 // until it is done. When one fails or outlives its deadline, the watchdog aborts the
 // communicator (so no kernel waits forever on a peer) and ends the job through its fatal
-// handler, naming the operation, the group and the peer; the default handler logs the message
-// with the rank and calls MPI_Abort (every rank of the job ends, none hangs).
+// handler, naming the operation, the group and the peer; the message is logged with the rank
+// before the abort, and the default handler calls MPI_Abort (every rank of the job ends, none
+// hangs). The abort runs on a thread of its own and the job ends after at most the abort grace
+// whether or not it returned: ncclCommAbort frees device memory, which waits for the work already
+// queued on the device, so a device that never finishes that work would hold the abort forever.
 //
 // Written for NCCL but free of CUDA: an entry is a poll function, so the logic is tested on the
 // CPU with stand-in operations (tests/test_watchdog.cpp).
@@ -44,9 +47,10 @@ class Watchdog {
 
   using Fatal = std::function<void(const std::string& message)>;
 
-  // `name` (the group) goes into messages. `abort` runs once, on the watchdog thread, before
-  // `fatal`, when an entry fails or times out. `fatal` defaults to default_fatal. `thread_init`
-  // runs first on the thread (the NCCL backend selects its CUDA device there).
+  // `name` (the group) goes into messages. `abort` runs once, on a thread of its own, when an
+  // entry fails or times out; `fatal` follows when it returns or after the abort grace. `fatal`
+  // defaults to default_fatal. `thread_init` runs first on the thread (the NCCL backend selects its
+  // CUDA device there).
   Watchdog(std::string name, std::function<void()> abort, Fatal fatal = {},
            std::function<void()> thread_init = {});
   // Waits for the entries still pending (each bounded by its deadline), then stops the thread.
@@ -63,8 +67,10 @@ class Watchdog {
   // The message the watchdog fired with ("" before).
   std::string message() const;
 
-  // Logs `message` with the rank at critical level, then ends every rank (MPI_Abort, or _Exit
-  // without MPI) with exit code 1.
+  // How long `fatal` waits for `abort` to return (default 10 s). Set before the first watch().
+  void set_abort_grace(std::chrono::milliseconds grace) { abort_grace_ = grace; }
+
+  // Flushes the log, then ends every rank (MPI_Abort, or _Exit without MPI) with exit code 1.
   [[noreturn]] static void default_fatal(const std::string& message);
 
  private:
@@ -75,6 +81,7 @@ class Watchdog {
   std::function<void()> abort_;
   Fatal fatal_;
   std::function<void()> thread_init_;
+  std::chrono::milliseconds abort_grace_{10000};
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;     // new entries, stop

@@ -183,12 +183,14 @@ TEST(Nccl, WorldOfOneSelfSendRecvAndAsynchronousCounts) {
 }
 
 // The child of Nccl.TheWatchdogEndsTheJobNamingTheOperationAndPeer: a grouped send/recv to itself
-// queued behind a compute stream that spins for about 10 s, past its 2 s deadline. (A receive
+// queued behind a compute stream that spins for about 30 s, past its 2 s deadline. (A receive
 // that no send matches cannot stand in: NCCL refuses a self-receive without its send on the
 // host.) The host does not block on it; the watchdog must end the process. The pair is
 // connected by a first exchange before the spin: NCCL connects a pair on its first
 // point-to-point call, and that set-up waited for the spinning device (on an H100 the first
 // call's ncclGroupEnd itself then ran past the deadline, which the call's own wait reports).
+// ncclCommAbort waits for the spin (it frees device memory), so the job ends after the
+// watchdog's abort grace (10 s), not when the device is done.
 TEST(NcclChild, OperationPastItsDeadline) {
   const char* child = std::getenv("XFUSER_TEST_NCCL_CHILD");
   if (child == nullptr || !*child) GTEST_SKIP() << "runs as the child of a watchdog test";
@@ -210,7 +212,7 @@ TEST(NcclChild, OperationPastItsDeadline) {
   exchange();  // connects the pair
   ASSERT_EQ(in.sum().item<float>(), 256.0f);
   in.zero_();
-  at::cuda::sleep(int64_t{20} * 1000 * 1000 * 1000);  // clock cycles: ~10 s at 2 GHz
+  at::cuda::sleep(int64_t{60} * 1000 * 1000 * 1000);  // clock cycles: ~30 s at 2 GHz
   exchange();
   (void)in.sum().item<float>();  // blocks on the stream until the watchdog ends the process
   FAIL() << "the operation completed before the watchdog ended the process";
@@ -223,11 +225,17 @@ TEST(Nccl, TheWatchdogEndsTheJobNamingTheOperationAndPeer) {
   if (!nccl_usable()) GTEST_SKIP() << "needs a CUDA device and a CUDA libtorch";
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
   std::string out;
+  const auto start = std::chrono::steady_clock::now();
   const int rc =
       xfuser::testing::run_command("XFUSER_TEST_NCCL_CHILD=1 timeout 120 " + self.string() +
                                        " --gtest_filter=NcclChild.OperationPastItsDeadline",
                                    &out);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("the child ended after %.1f s (the device spins ~30 s)\n", seconds);
   EXPECT_NE(rc, 0) << out;
+  // Deadline 2 s, abort grace 10 s, plus start-up: well before the ~30 s spin ends.
+  EXPECT_LT(seconds, 25.0) << "the job waited for the device\n" << out;
   EXPECT_NE(rc, 124) << "the watchdog did not end the process\n" << out;
   EXPECT_NE(out.find("nccl batch_p2p on group 'lonely' (1024 bytes) [recv from rank 0, send to "
                      "rank 0]"),

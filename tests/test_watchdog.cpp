@@ -125,6 +125,48 @@ TEST(Watchdog, AnOperationPastItsDeadlineAbortsThenEndsTheJobNamingItAndItsPeer)
   EXPECT_EQ(seen.fatals.load(), 1);
 }
 
+// An abort that does not return (ncclCommAbort waiting for a device that never finishes its
+// queued work) does not hold the job: the fatal handler runs after the abort grace, while the
+// abort still waits; the entries are released once it returns.
+TEST(Watchdog, AnAbortThatDoesNotReturnStillEndsTheJobAfterTheGrace) {
+  Observed seen;
+  std::atomic<bool> release_abort{false};
+  std::atomic<bool> abort_returned{false};
+  std::atomic<bool> abort_waiting_at_fatal{false};
+  Watchdog dog(
+      "ring",
+      [&] {
+        ++seen.aborts;
+        while (!release_abort.load()) std::this_thread::sleep_for(1ms);
+        abort_returned = true;
+      },
+      [&](const std::string& message) {
+        abort_waiting_at_fatal = !abort_returned.load();
+        std::lock_guard<std::mutex> lock(seen.mutex);
+        seen.fatal_message = message;
+        ++seen.fatals;
+      });
+  dog.set_abort_grace(200ms);
+  auto stuck = std::make_shared<std::atomic<bool>>(false);
+  dog.watch(entry(seen, 3, stuck, 20ms));
+  const auto start = Clock::now();
+  std::thread releaser([&] {
+    while (seen.fatals.load() == 0 && Clock::now() - start < 30s) std::this_thread::sleep_for(1ms);
+    release_abort = true;  // a test's fatal handler returns: let the abort finish
+  });
+  dog.drain();
+  releaser.join();
+  const auto waited = Clock::now() - start;
+  EXPECT_EQ(seen.fatals.load(), 1);
+  EXPECT_TRUE(abort_waiting_at_fatal.load()) << "fatal waited for the abort";
+  EXPECT_GE(waited, 200ms);
+  EXPECT_LT(waited, 20s);
+  EXPECT_EQ(seen.aborts.load(), 1);
+  EXPECT_EQ(seen.released.load(), 1);
+  EXPECT_NE(seen.fatal_message.find("did not complete before its deadline"), std::string::npos)
+      << seen.fatal_message;
+}
+
 TEST(Watchdog, AFailedOperationAbortsAndReportsTheError) {
   Observed seen;
   auto dog = make_watchdog(seen);
