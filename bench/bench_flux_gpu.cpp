@@ -4,7 +4,7 @@
 //                  [--text-tokens 512] [--heads 24] [--double-blocks 19] [--single-blocks 38]
 //                  [--steps 28] [--reps 10] [--warmup 3] [--gemm-size 8192] [--seed 0]
 //                  [--attention auto|flash|efficient|cudnn|chunked] [--compare-attention 0|1]
-//                  [--out FILE]
+//                  [--fp8 0|1] [--out FILE]
 // The weights are seeded random values made on the device (no checkpoint: FLUX.1-dev is 24 GB),
 // N(0, 0.02) per tensor. The image is 1024x1024 -> a 128x128 latent -> 64x64 = 4096 tokens of
 // 2x2 patches (in_channels 64), plus 512 text tokens. Smaller --heads / blocks / sizes run the
@@ -12,15 +12,20 @@
 // FluxTransformer2DModel, eager and under torch.compile (bench/flux_gpu_diffusers.py).
 // --attention picks the attention kernel (default auto: the one PyTorch's SDPA picks, as diffusers
 // runs); the JSON counts the calls per kernel that ran. --compare-attention (default 1 on CUDA)
-// also times the step with each fused kernel this libtorch has, in the same run.
+// also times the step with each fused kernel this libtorch has, in the same run. --fp8 1 runs the
+// blocks' Linear layers as FP8 GEMMs, as --use_fp8_gemms does (e4m3 weights with per-channel
+// scales, per-token activation scales; bf16 only): the JSON names the GEMM path the layers take
+// (scaled_mm on a GPU of compute capability >= 9 with libtorch >= 2.5, else emulated).
 #include <numeric>
 
 #include "backends/attention.h"
 #include "backends/device.h"
 #include "backends/dtype.h"
+#include "backends/fp8.h"
 #include "bench/bench_common.h"
 #include "bench/bench_flux_configs.h"
 #include "models/common/kernels.h"
+#include "models/dit/dit_parallel.h"
 #include "models/flux/flux_transformer.h"
 
 namespace xb = xfuser::bench;
@@ -47,7 +52,7 @@ int main(int argc, char** argv) {
     xb::Args args(argc, argv, {});
     args.check_known({"device", "dtype", "height", "width", "text-tokens", "heads", "double-blocks",
                       "single-blocks", "steps", "reps", "warmup", "gemm-size", "seed", "threads",
-                      "attention", "compare-attention", "out"});
+                      "attention", "compare-attention", "fp8", "out"});
     const std::string device_name = args.get("device", "cuda");
     const at::Device device = xfuser::backends::select_device(device_name);
     const c10::ScalarType dtype = xfuser::backends::parse_dtype(args.get("dtype", "bf16"));
@@ -67,6 +72,8 @@ int main(int argc, char** argv) {
     xbk::check_attention_kernel_runs(attention_kernel, device, "--attention");
     xbk::set_default_attention_kernel(attention_kernel);
     const bool compare_attention = args.get_int("compare-attention", device.is_cuda() ? 1 : 0) != 0;
+    const bool fp8 = args.get_int("fp8", 0) != 0;
+    XF_CHECK(!fp8 || dtype == at::kBFloat16, "--fp8 1 needs --dtype bf16 (the FP8 GEMMs' output)");
     c10::InferenceMode guard;
 
     FluxConfig cfg;  // FLUX.1-dev's transformer/config.json
@@ -92,6 +99,18 @@ int main(int argc, char** argv) {
                            .normal_(0.0, 0.02);
       }
     });
+    int fp8_layers = 0;
+    if (fp8) {
+      xfuser::models::WeightFormat scaled;
+      scaled.kind = xfuser::models::WeightFormat::Kind::kFp8Scaled;
+      scaled.format = xfuser::backends::Fp8Format::kE4M3FN;
+      fp8_layers = model.apply_weight_format(xfuser::models::dit::dit_weight_format(model, scaled));
+      XF_CHECK(fp8_layers > 0, "--fp8 1 quantized no layer");
+    }
+    const std::string gemm_path =
+        fp8 ? xfuser::backends::fp8_linear_path(device, xfuser::backends::Fp8Format::kE4M3FN, dtype,
+                                                cfg.inner_dim(), cfg.inner_dim())
+            : std::string("dense");
     // Device-generic ops: the CPU's hand-written kernels are not used on a GPU.
     xfuser::models::KernelScope kernels(&xfuser::models::KernelTable::eager());
 
@@ -165,6 +184,10 @@ int main(int argc, char** argv) {
         {"double_blocks", cfg.num_layers},
         {"single_blocks", cfg.num_single_layers},
         {"parameters", model.num_parameters()},
+        {"parameter_bytes", model.parameter_bytes()},
+        {"fp8_gemms", fp8},
+        {"fp8_layers", fp8_layers},
+        {"gemm_path", gemm_path},
         {"init_seconds", t_init},
         {"warmup", warmup},
         {"seconds", times},
@@ -183,10 +206,10 @@ int main(int argc, char** argv) {
         {"device_peak_allocated_bytes", mem.available ? mem.peak_allocated : 0},
         {"environment",
          xb::environment_json(static_cast<int>(args.get_int("threads", 1)), openblas)}};
-    std::cerr << "xfuser flux-dev " << device.str() << " " << args.get("dtype", "bf16") << ": "
-              << med * 1e3 << " ms/step, " << med * steps << " s per " << steps
-              << "-step image, MFU " << flops / med / peak << " (GEMM peak " << peak / 1e12
-              << " TFLOP/s)\n";
+    std::cerr << "xfuser flux-dev " << device.str() << " " << args.get("dtype", "bf16")
+              << (fp8 ? " fp8 GEMMs (" + gemm_path + ")" : std::string()) << ": " << med * 1e3
+              << " ms/step, " << med * steps << " s per " << steps << "-step image, MFU "
+              << flops / med / peak << " (GEMM peak " << peak / 1e12 << " TFLOP/s)\n";
     xb::emit_json(args, result);
     return 0;
   } catch (const std::exception& e) {
