@@ -31,7 +31,8 @@ for arg in "$@"; do
 done
 
 PKGS=(libopenmpi-dev openmpi-bin libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-      libpng-dev zlib1g-dev libjpeg62-turbo-dev libsentencepiece-dev libicu-dev pkg-config)
+      libpng-dev zlib1g-dev libjpeg62-turbo-dev libsentencepiece-dev libicu-dev pkg-config
+      libcpp-httplib-dev)
 ((TESTS)) && PKGS+=(libgtest-dev libgmock-dev libbenchmark-dev)
 ((FFMPEG)) && PKGS+=(libavcodec-dev libavformat-dev libavutil-dev libswscale-dev)
 
@@ -48,7 +49,7 @@ done
 # important, the C library); the toolchain and its runtime (libstdc++, libgcc), which the build
 # host brings itself (an older bundled libstdc++ would shadow the host's, libtorch's included;
 # Open MPI's -dev package asks for a Fortran compiler); what only a multi-node launch uses (ssh).
-SKIP='^(libstdc\+\+6|libgcc-s1|libatomic1|libjs-|gcc|g\+\+|cpp|gfortran|flang|clang|llvm|binutils|lib(llvm|clang|mlir|flang)|lib(gfortran|gcc|stdc\+\+|objc)-[0-9]+-dev|libc6|libc-|linux-libc-dev|libcrypt|libnsl|libtirpc|rpcsvc-proto|make$|cmake|ninja-build|perl|libperl|openssh|libssl|libgssapi|libkrb|libk5crypto|libkeyutils|libselinux)'
+SKIP='^(libstdc\+\+6|libgcc-s1|libatomic1|libjs-|gcc|g\+\+|cpp|gfortran|flang|clang|llvm|binutils|lib(llvm|clang|mlir|flang)|lib(gfortran|gcc|stdc\+\+|objc)-[0-9]+-dev|libc6|libc-|linux-libc-dev|libcrypt|libnsl|libtirpc|rpcsvc-proto|make$|cmake|ninja-build|perl|libperl|openssh|libssl3|libgssapi|libkrb|libk5crypto|libkeyutils|libselinux)'
 skip() {
   [[ "${prio[$1]}" == required || "${prio[$1]}" == important ]] && return 0
   [[ "$1" =~ $SKIP ]]
