@@ -4,7 +4,7 @@
 //                  [--text-tokens 512] [--heads 24] [--double-blocks 19] [--single-blocks 38]
 //                  [--steps 28] [--reps 10] [--warmup 3] [--gemm-size 8192] [--seed 0]
 //                  [--attention auto|flash|efficient|cudnn|chunked] [--compare-attention 0|1]
-//                  [--fp8 0|1] [--out FILE]
+//                  [--fp8 0|1] [--kernels FILE] [--out FILE]
 // The weights are seeded random values made on the device (no checkpoint: FLUX.1-dev is 24 GB),
 // N(0, 0.02) per tensor. The image is 1024x1024 -> a 128x128 latent -> 64x64 = 4096 tokens of
 // 2x2 patches (in_channels 64), plus 512 text tokens. Smaller --heads / blocks / sizes run the
@@ -16,6 +16,11 @@
 // blocks' Linear layers as FP8 GEMMs, as --use_fp8_gemms does (e4m3 weights with per-channel
 // scales, per-token activation scales; bf16 only): the JSON names the GEMM path the layers take
 // (scaled_mm on a GPU of compute capability >= 9 with libtorch >= 2.5, else emulated).
+// --kernels FILE writes the device kernels of one profiled forward (name, calls, microseconds;
+// kineto, libtorch 2.x), as bench/flux_gpu_diffusers.py --kernels does for diffusers.
+#include <algorithm>
+#include <fstream>
+#include <map>
 #include <numeric>
 
 #include "backends/attention.h"
@@ -26,6 +31,7 @@
 #include "bench/bench_flux_configs.h"
 #include "models/common/kernels.h"
 #include "models/dit/dit_parallel.h"
+#include "profiling/trace.h"
 #include "models/flux/flux_transformer.h"
 
 namespace xb = xfuser::bench;
@@ -52,7 +58,7 @@ int main(int argc, char** argv) {
     xb::Args args(argc, argv, {});
     args.check_known({"device", "dtype", "height", "width", "text-tokens", "heads", "double-blocks",
                       "single-blocks", "steps", "reps", "warmup", "gemm-size", "seed", "threads",
-                      "attention", "compare-attention", "fp8", "out"});
+                      "attention", "compare-attention", "fp8", "kernels", "out"});
     const std::string device_name = args.get("device", "cuda");
     const at::Device device = xfuser::backends::select_device(device_name);
     const c10::ScalarType dtype = xfuser::backends::parse_dtype(args.get("dtype", "bf16"));
@@ -135,6 +141,43 @@ int main(int argc, char** argv) {
     XF_CHECK(out.size(1) == n && at::isfinite(out.to(at::kFloat)).all().item<bool>(),
              "the forward gave ", out.sizes(), " or non-finite values");
     const double med = xb::median(times);
+
+    const std::string kernels_file = args.get("kernels", "");
+    if (!kernels_file.empty()) {
+      auto& recorder = xfuser::profiling::TraceRecorder::instance();
+      XF_CHECK(xfuser::profiling::TraceRecorder::torch_ops_available(),
+               "--kernels needs libtorch's profiler (", recorder.torch_ops_profiler(), ")");
+      xfuser::backends::synchronize_device(device);
+      xfuser::profiling::TraceOptions options;
+      options.torch_ops = true;
+      recorder.start(options);
+      out = model.forward(in);
+      xfuser::backends::synchronize_device(device);
+      recorder.stop();
+      std::map<std::string, nlohmann::json> by_name;
+      int64_t total_us = 0, calls = 0;
+      for (const auto& e : recorder.events()) {
+        if (e.category != "gpu") continue;
+        auto& k = by_name[e.name];
+        if (k.is_null()) k = {{"name", e.name}, {"calls", 0}, {"us", 0}};
+        k["calls"] = k["calls"].get<int64_t>() + 1;
+        k["us"] = k["us"].get<int64_t>() + e.dur_us;
+        total_us += e.dur_us;
+        ++calls;
+      }
+      recorder.clear();
+      std::vector<nlohmann::json> rows;
+      for (auto& [name, k] : by_name) rows.push_back(std::move(k));
+      std::sort(rows.begin(), rows.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+        return a["us"].get<int64_t>() > b["us"].get<int64_t>();
+      });
+      std::ofstream f(kernels_file);
+      f << nlohmann::json{{"engine", "xfuser"}, {"total_us", total_us}, {"calls", calls},
+                          {"kernels", rows}}
+               .dump(1)
+        << "\n";
+      XF_CHECK(f.good(), "--kernels: could not write ", kernels_file);
+    }
     const double flops = xb::forward_flops(cfg, n + text_tokens);
 
     // The same step with each fused kernel (a preference: a call a kernel cannot take runs the

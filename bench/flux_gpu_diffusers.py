@@ -31,6 +31,8 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--compile", action="store_true", help="also time torch.compile(model)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kernels", help="write the device kernels of one profiled eager forward "
+                   "(name, calls, microseconds) to this JSON file")
     p.add_argument("--out")
     a = p.parse_args()
 
@@ -105,6 +107,8 @@ def main():
               "parameters": sum(prm.numel() for prm in model.parameters()), "steps": a.steps,
               "eager": measure(model)}
     print(f"diffusers eager: {result['eager']['ms_per_step']:.2f} ms/step", file=sys.stderr)
+    if a.kernels:
+        write_kernels(model, inputs, sync, a.kernels)
     if a.compile:
         compiled = torch.compile(model)
         result["compiled"] = measure(compiled)
@@ -117,6 +121,31 @@ def main():
             f.write(text + "\n")
     else:
         print(text)
+
+
+def write_kernels(model, inputs, sync, path):
+    """One eager forward under PyTorch's profiler: each device kernel's calls and microseconds,
+    the same summary bench_flux_gpu --kernels writes."""
+    from torch.profiler import ProfilerActivity, profile
+    with torch.inference_mode():
+        sync()
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities) as prof:
+            model(**inputs)
+            sync()
+    kernels = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        k = kernels.setdefault(e.name, {"name": e.name, "calls": 0, "us": 0.0})
+        k["calls"] += 1
+        k["us"] += e.time_range.elapsed_us()
+    rows = sorted(kernels.values(), key=lambda k: -k["us"])
+    with open(path, "w") as f:
+        json.dump({"engine": "diffusers", "total_us": sum(k["us"] for k in rows),
+                   "calls": sum(k["calls"] for k in rows), "kernels": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
