@@ -31,8 +31,8 @@
 #include "bench/bench_flux_configs.h"
 #include "models/common/kernels.h"
 #include "models/dit/dit_parallel.h"
-#include "profiling/trace.h"
 #include "models/flux/flux_transformer.h"
+#include "profiling/trace.h"
 
 namespace xb = xfuser::bench;
 using xfuser::models::flux::FluxConfig;
@@ -172,7 +172,9 @@ int main(int argc, char** argv) {
         return a["us"].get<int64_t>() > b["us"].get<int64_t>();
       });
       std::ofstream f(kernels_file);
-      f << nlohmann::json{{"engine", "xfuser"}, {"total_us", total_us}, {"calls", calls},
+      f << nlohmann::json{{"engine", "xfuser"},
+                          {"total_us", total_us},
+                          {"calls", calls},
                           {"kernels", rows}}
                .dump(1)
         << "\n";
