@@ -205,9 +205,11 @@ inline nlohmann::json environment_json(int threads, bool openblas) {
       {"torch_parallel_info", at::get_parallel_info()}};
 }
 
-inline void write_json(const std::string& path, const nlohmann::json& j) {
+// `flag` names the option the path came from, for the error.
+inline void write_json(const std::string& path, const nlohmann::json& j,
+                       const char* flag = "--out") {
   std::ofstream f(path);
-  XF_CHECK(f.good(), "cannot open --out file '", path, "' for writing");
+  XF_CHECK(f.good(), "cannot open ", flag, " file '", path, "' for writing");
   f << j.dump(2) << "\n";
   XF_CHECK(f.good(), "failed writing '", path, "'");
 }

@@ -19,7 +19,6 @@
 // --kernels FILE writes the device kernels of one profiled forward (name, calls, microseconds;
 // kineto, libtorch 2.x), as bench/flux_gpu_diffusers.py --kernels does for diffusers.
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <numeric>
 
@@ -154,31 +153,28 @@ int main(int argc, char** argv) {
       out = model.forward(in);
       xfuser::backends::synchronize_device(device);
       recorder.stop();
-      std::map<std::string, nlohmann::json> by_name;
+      std::map<std::string, std::pair<int64_t, int64_t>> by_name;  // calls, microseconds
       int64_t total_us = 0, calls = 0;
       for (const auto& e : recorder.events()) {
         if (e.category != "gpu") continue;
-        auto& k = by_name[e.name];
-        if (k.is_null()) k = {{"name", e.name}, {"calls", 0}, {"us", 0}};
-        k["calls"] = k["calls"].get<int64_t>() + 1;
-        k["us"] = k["us"].get<int64_t>() + e.dur_us;
+        auto& [n, us] = by_name[e.name];
+        ++n;
+        us += e.dur_us;
         total_us += e.dur_us;
         ++calls;
       }
       recorder.clear();
       std::vector<nlohmann::json> rows;
-      for (auto& [name, k] : by_name) rows.push_back(std::move(k));
+      for (const auto& [name, k] : by_name) {
+        rows.push_back({{"name", name}, {"calls", k.first}, {"us", k.second}});
+      }
       std::sort(rows.begin(), rows.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
         return a["us"].get<int64_t>() > b["us"].get<int64_t>();
       });
-      std::ofstream f(kernels_file);
-      f << nlohmann::json{{"engine", "xfuser"},
-                          {"total_us", total_us},
-                          {"calls", calls},
-                          {"kernels", rows}}
-               .dump(1)
-        << "\n";
-      XF_CHECK(f.good(), "--kernels: could not write ", kernels_file);
+      xb::write_json(
+          kernels_file,
+          {{"engine", "xfuser"}, {"total_us", total_us}, {"calls", calls}, {"kernels", rows}},
+          "--kernels");
     }
     const double flops = xb::forward_flops(cfg, n + text_tokens);
 

@@ -293,12 +293,11 @@ TEST(GpuFp8, TheGemmOnCudaEqualsItsDefinitionOnTheSameCodes) {
 TEST_F(GpuRun, Fp8GemmsOnCudaAreAsCloseToFp32AsOnTheCpu) {
   REQUIRE_GPU();
   xfuser::testing::TempDir dir;
-  const auto run = [&](const std::string& name, const std::string& flags) {
-    return final_latents(dir / name, flags);
-  };
-  const at::Tensor cpu32 = run("cpu32", "--device cpu --dtype fp32");
-  const at::Tensor cpu8 = run("cpufp8", "--device cpu --dtype bf16 --use_fp8_gemms");
-  const at::Tensor gpu8 = run("gpufp8", "--device cuda --dtype bf16 --use_fp8_gemms");
+  const at::Tensor cpu32 = final_latents(dir / "cpu32", "--device cpu --dtype fp32");
+  const at::Tensor cpu8 =
+      final_latents(dir / "cpufp8", "--device cpu --dtype bf16 --use_fp8_gemms");
+  const at::Tensor gpu8 =
+      final_latents(dir / "gpufp8", "--device cuda --dtype bf16 --use_fp8_gemms");
   ASSERT_TRUE(cpu32.defined() && cpu8.defined() && gpu8.defined());
   const double cpu = max_rel_error(cpu8, cpu32), gpu = max_rel_error(gpu8, cpu32);
   std::printf("--use_fp8_gemms bf16 vs cpu fp32: cuda %.3g, cpu %.3g\n", gpu, cpu);
