@@ -618,6 +618,7 @@ def main():
     torch.set_num_threads(args.threads)
     state = args.state
     state.mkdir(parents=True, exist_ok=True)
+    args.report_dir.mkdir(parents=True, exist_ok=True)
     log_file = state / "train_log.json"
     train_log = json.loads(log_file.read_text()) if log_file.exists() else {
         "seed": args.seed, "threads": args.threads, "torch": torch.__version__}
