@@ -885,6 +885,10 @@ def finetune_decoder(folder, seed, steps, excluded, excluded_multi, dtype):
         x, _ = vae_batch(rng, 8, excluded, excluded_multi, shapes.SIZE)
         pair = torch.cat([x, vae.decode(vae.encode(x).latent_dist.mean).sample], 3)
     vae.to(dtype).save_pretrained(folder / "vae")
+    # diffusers records the folder the VAE was loaded from: a path of the training machine.
+    config = json.loads((folder / "vae" / "config.json").read_text())
+    config.pop("_name_or_path", None)
+    (folder / "vae" / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {"steps": steps, "final_l1": float(np.mean(losses[-100:])) if losses else None,
             "seconds": time.time() - t0}, pair
 
