@@ -43,9 +43,49 @@ struct Shape {
   double top = 0.0;
 };
 
-// The largest 4-connected component of `mask` ([h, w], row-major): its fill and top share;
-// nullopt when the mask is empty.
-inline std::optional<Shape> largest_component(const std::vector<char>& mask, int h, int w) {
+// The held-out palette (name -> RGB, in the JSON object's order) and each pixel's nearest
+// colour (squared RGB distance; ties: the first).
+struct Palette {
+  std::vector<std::string> names;
+  std::vector<std::array<float, 3>> rgb;
+
+  explicit Palette(const json& palette) {
+    for (const auto& [name, c] : palette.items()) {
+      names.push_back(name);
+      rgb.push_back({c[0].get<float>(), c[1].get<float>(), c[2].get<float>()});
+    }
+  }
+  int index(const std::string& name) const {
+    return static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
+  }
+  // `pixels`: uint8 [..., 3]; the nearest colour's index of each pixel, in order.
+  std::vector<int> classify(const at::Tensor& pixels) const {
+    const auto px = pixels.contiguous();
+    const uint8_t* p = px.data_ptr<uint8_t>();
+    const int64_t n = px.numel() / 3;
+    std::vector<int> cls(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      float best = 1e30f;
+      for (size_t c = 0; c < rgb.size(); ++c) {
+        float d = 0.f;
+        for (int k = 0; k < 3; ++k) {
+          const float v = static_cast<float>(p[i * 3 + k]) - rgb[c][k];
+          d += v * v;
+        }
+        if (d < best) {
+          best = d;
+          cls[i] = static_cast<int>(c);
+        }
+      }
+    }
+    return cls;
+  }
+};
+
+// The pixels (row-major indices) of the largest 4-connected component of `mask` ([h, w],
+// row-major); empty when the mask is. Ties: the first component met in scan order, as score.py
+// (and examples/tiny_shapes_video/world.py) keep.
+inline std::vector<int> largest_component_pixels(const std::vector<char>& mask, int h, int w) {
   std::vector<int> label(mask.size(), 0);
   std::vector<int> best_pixels;
   int n = 0;
@@ -74,9 +114,15 @@ inline std::optional<Shape> largest_component(const std::vector<char>& mask, int
         }
       }
     }
-    // score.py keeps the first component of the largest size in scan order.
     if (pixels.size() > best_pixels.size()) best_pixels = pixels;
   }
+  return best_pixels;
+}
+
+// The largest 4-connected component of `mask` ([h, w], row-major): its fill and top share;
+// nullopt when the mask is empty.
+inline std::optional<Shape> largest_component(const std::vector<char>& mask, int h, int w) {
+  const std::vector<int> best_pixels = largest_component_pixels(mask, h, w);
   if (best_pixels.empty()) return std::nullopt;
   int y0 = h, y1 = 0, x0 = w, x1 = 0;
   for (const int p : best_pixels) {
@@ -104,32 +150,9 @@ inline Verdict check_picture(const at::Tensor& picture, const json& scene, const
   const int margin = chk["margin"];
   const double foreground = chk["foreground"];
   const double empty = chk["empty"];
-  std::vector<std::string> names;
-  std::vector<std::array<float, 3>> palette;
-  for (const auto& [name, rgb] : held["palette"].items()) {
-    names.push_back(name);
-    palette.push_back({rgb[0].get<float>(), rgb[1].get<float>(), rgb[2].get<float>()});
-  }
-  auto index_of = [&](const std::string& name) {
-    return static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
-  };
-  const auto px = picture.contiguous();
-  const uint8_t* p = px.data_ptr<uint8_t>();
-  std::vector<int> cls(static_cast<size_t>(size) * size);
-  for (int i = 0; i < size * size; ++i) {
-    float best = 1e30f;
-    for (size_t c = 0; c < palette.size(); ++c) {
-      float d = 0.f;
-      for (int k = 0; k < 3; ++k) {
-        const float v = static_cast<float>(p[i * 3 + k]) - palette[c][k];
-        d += v * v;
-      }
-      if (d < best) {
-        best = d;
-        cls[i] = static_cast<int>(c);
-      }
-    }
-  }
+  const detail::Palette pal(held["palette"]);
+  auto index_of = [&](const std::string& name) { return pal.index(name); };
+  const std::vector<int> cls = pal.classify(picture);
   const int bg = index_of(scene["background"]);
   const double cell = static_cast<double>(size) / grid;
   auto bounds = [&](int row, int col, int widen) {
@@ -143,7 +166,7 @@ inline Verdict check_picture(const at::Tensor& picture, const json& scene, const
   auto box_colours = [&](int row, int col) {
     const int x0 = static_cast<int>(std::lround((col + 0.5) * cell - box / 2.0));
     const int y0 = static_cast<int>(std::lround((row + 0.5) * cell - box / 2.0));
-    std::vector<int> counts(names.size(), 0);
+    std::vector<int> counts(pal.names.size(), 0);
     int fg = 0;
     for (int y = y0; y < y0 + box; ++y) {
       for (int x = x0; x < x0 + box; ++x) {
@@ -157,7 +180,7 @@ inline Verdict check_picture(const at::Tensor& picture, const json& scene, const
     const int dominant =
         static_cast<int>(std::max_element(counts.begin(), counts.end()) - counts.begin());
     return std::pair<double, std::string>{static_cast<double>(fg) / (box * box),
-                                          fg ? names[dominant] : std::string()};
+                                          fg ? pal.names[dominant] : std::string()};
   };
   // The kind drawn in a cell in `colour`: the nearest prototype; "" when there is none.
   auto kind_in = [&](int row, int col, const std::string& colour) {
