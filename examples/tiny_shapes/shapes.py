@@ -261,16 +261,31 @@ def describe(spec, rng, canonical=False, unknown=None, unknown_rate=0.0, filler_
     if place_first:
         body = choose(PLACE_WORDS[items[0][3]]) + ", " + body
     if spec.say_background:
-        forms = BACKGROUND_FORMS["after"] if canonical or rng.random() < 0.75 else \
-            BACKGROUND_FORMS["before"]
-        form = choose(forms)
-        body = form.replace("a B", _article(bg) + " B").replace("B", bg).replace("{}", body)
+        body = with_background(body, bg, BACKGROUND_FORMS, 0.75, canonical, rng)
+    return decorate(body, rng, PREFIXES, SUFFIXES, canonical, unknown, unknown_rate, filler_rate)
+
+
+def with_background(body, bg, forms, after_rate, canonical, rng):
+    """`body` with the background colour said by one of `forms` ("after": B said after the body,
+    with probability after_rate; "before"; {} is the body). canonical: forms["after"][0]."""
+    choose = (lambda seq: seq[0]) if canonical else (lambda seq: _pick(rng, seq))
+    group = forms["after"] if canonical or rng.random() < after_rate else forms["before"]
+    form = choose(group)
+    return form.replace("a B", _article(bg) + " B").replace("B", bg).replace("{}", body)
+
+
+def decorate(body, rng, prefixes, suffixes, canonical=False, unknown=None, unknown_rate=0.0,
+             filler_rate=0.0):
+    """A caption `body` as a person might pad it: with probability filler_rate a known filler (a
+    prefix 70% of the time, else a suffix), and with unknown_rate one or two words of `unknown`
+    (a list, or made-up words when None) at random places. canonical: `body` as it is. Shared
+    with the video world (examples/tiny_shapes_video/world.py)."""
     words = body.split(" ")
     if not canonical and rng.random() < filler_rate:
         if rng.random() < 0.7:
-            words = _pick(rng, PREFIXES).split(" ") + words
+            words = _pick(rng, prefixes).split(" ") + words
         else:
-            words = words + [_pick(rng, SUFFIXES)]
+            words = words + [_pick(rng, suffixes)]
     if not canonical and rng.random() < unknown_rate:
         for _ in range(1 + int(rng.random() < 0.3)):
             if unknown is None:

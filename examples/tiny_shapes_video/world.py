@@ -25,24 +25,20 @@ same check in C++. Deterministic: everything is drawn from numpy Generators seed
 """
 
 import itertools
+import sys
+from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tiny_shapes"))
+import shapes  # noqa: E402  (tiny-shapes' palette, drawing and caption padding)
+
 SIZE = 64
 FRAMES = 17
-COLOURS = {
-    "red": (220, 30, 30),
-    "green": (30, 170, 60),
-    "blue": (40, 70, 220),
-    "yellow": (240, 210, 40),
-    "purple": (140, 50, 180),
-    "orange": (245, 130, 20),
-    "white": (245, 245, 245),
-    "black": (20, 20, 20),
-}
-DEFAULT_BACKGROUND = "white"
-KINDS = ["circle", "square", "triangle"]
+COLOURS = shapes.COLOURS
+DEFAULT_BACKGROUND = shapes.DEFAULT_BACKGROUND
+KINDS = shapes.KINDS
 MOTIONS = ["right", "left", "down", "up", "grow", "shrink"]
 R = 8  # half extent of a moving shape
 R_SMALL, R_LARGE = 5, 14  # half extents a growing (shrinking) shape goes between
@@ -84,8 +80,6 @@ BACKGROUND_FORMS = {
 }
 PREFIXES = ["a video of", "an animation of", "a clip of", "show", "animate", "a movie where"]
 SUFFIXES = ["please", "slowly"]
-_SYLLABLES = ["ka", "lo", "mi", "zu", "ter", "po", "na", "vex", "ri", "dol", "gu", "sha", "fen",
-              "wib", "qua", "ro", "tis", "bel", "mun", "yo"]
 UNKNOWN_HELD_OUT = ["beautiful", "shiny", "wooden", "quickly", "very", "nice", "cute", "happy",
                     "bright", "simple", "lovely", "painted", "modern", "my", "flat", "smoothly",
                     "gently", "steadily", "calm", "little"]
@@ -94,18 +88,6 @@ HELD_OUT_SEED = 4321
 
 
 # ---------------------------------------------------------------- drawing
-def outline(kind, cx, cy, r):
-    """The polygon (or the ellipse's box) of a shape of half extent r centred at (cx, cy), as
-    tiny-shapes draws it."""
-    if kind == "circle":
-        return [cx - r, cy - r, cx + r, cy + r]
-    if kind == "square":
-        s = r * 0.85
-        return [cx - s, cy - s, cx + s, cy + s]
-    h = r * 0.9
-    return [(cx, cy - h), (cx - r, cy + h), (cx + r, cy + h)]
-
-
 def track(motion, rng):
     """Per frame (cx, cy, r) of a motion, its start drawn from rng."""
     t = np.linspace(0.0, 1.0, FRAMES)
@@ -136,7 +118,7 @@ def draw(clip, rng):
     for f in range(FRAMES):
         img = Image.new("RGB", (SIZE, SIZE), COLOURS[bg])
         d = ImageDraw.Draw(img)
-        o = outline(kind, xs[f], ys[f], rs[f])
+        o = shapes.shape_outline(kind, xs[f], ys[f], rs[f])
         if kind == "circle":
             d.ellipse(o, fill=COLOURS[colour])
         elif kind == "square":
@@ -154,12 +136,8 @@ def all_clips():
             if colour != bg]
 
 
-def _pick(rng, seq):
-    return seq[int(rng.integers(len(seq)))]
-
-
-def _article(word):
-    return "an" if word[0] in "aeiou" else "a"
+_pick = shapes._pick
+_article = shapes._article
 
 
 def describe(clip, rng, say_background=True, canonical=False, unknown=None, unknown_rate=0.0,
@@ -178,24 +156,9 @@ def describe(clip, rng, say_background=True, canonical=False, unknown=None, unkn
     else:
         body = f"{shape} that {phrase}" if not phrase.endswith("ing") else f"{shape} {phrase}"
     if say_background:
-        forms = BACKGROUND_FORMS["after"] if canonical or rng.random() < 0.7 else \
-            BACKGROUND_FORMS["before"]
-        form = choose(forms)
-        body = form.replace("a B", _article(bg) + " B").replace("B", bg).replace("{}", body)
-    words = body.split(" ")
-    if not canonical and rng.random() < filler_rate:
-        if rng.random() < 0.7:
-            words = _pick(rng, PREFIXES).split(" ") + words
-        else:
-            words = words + [_pick(rng, SUFFIXES)]
-    if not canonical and rng.random() < unknown_rate:
-        for _ in range(1 + int(rng.random() < 0.3)):
-            if unknown is None:
-                w = "".join(_pick(rng, _SYLLABLES) for _ in range(int(rng.integers(1, 4))))
-            else:
-                w = _pick(rng, unknown)
-            words.insert(int(rng.integers(len(words) + 1)), w)
-    return " ".join(w for w in words if w)
+        body = shapes.with_background(body, bg, BACKGROUND_FORMS, 0.7, canonical, rng)
+    return shapes.decorate(body, rng, PREFIXES, SUFFIXES, canonical, unknown, unknown_rate,
+                           filler_rate)
 
 
 def random_clip(rng, excluded=frozenset()):
