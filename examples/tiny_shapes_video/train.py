@@ -231,6 +231,31 @@ def build_vae():
                             scale_factor_temporal=4, scale_factor_spatial=4)
 
 
+def inflate_temporal(vae):
+    """Makes the VAE a per-frame one at the start of its window phase: the single frames of the
+    first phase reach only the last temporal tap of every causal 3D convolution (the earlier taps
+    see the causal zero padding) and never the temporal resampling convolutions, which so keep
+    their random weights. Zeroing the earlier taps and making the temporal down-sampling keep the
+    latest frame and the up-sampling repeat each frame starts the window phase from the trained
+    per-frame VAE instead of from noise in every temporal path (the usual inflation of an image
+    autoencoder into a video one)."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d, WanResample
+    with torch.no_grad():
+        resampling = set()
+        for m in vae.modules():
+            if isinstance(m, WanResample) and hasattr(m, "time_conv"):
+                w = m.time_conv.weight  # [k * c, c, 3, 1, 1]: k = 2 repeats (up), 1 (down)
+                w.zero_()
+                m.time_conv.bias.zero_()
+                c = w.shape[1]
+                for k in range(w.shape[0] // c):
+                    w[k * c:(k + 1) * c, :, -1, 0, 0] = torch.eye(c)
+                resampling.add(id(m.time_conv))
+        for m in vae.modules():
+            if isinstance(m, WanCausalConv3d) and id(m) not in resampling and m.weight.shape[2] > 1:
+                m.weight[:, :, :-1] = 0
+
+
 def train_vae(args, state, excluded):
     """Phase 1, resumable from state/vae_phase.pt."""
     torch.manual_seed(args.seed + 3)
@@ -251,6 +276,9 @@ def train_vae(args, state, excluded):
     vae.train()
     t0 = time.time() - seconds
     for step in range(start, total):
+        if step == args.vae_image_steps:
+            torch.save(vae.state_dict(), state / "vae_frames.pt")  # the per-frame VAE, kept
+            inflate_temporal(vae)
         if step < args.vae_image_steps:
             x, bg = vae_batch(rng, 16, 1, CROP, excluded)
         else:
@@ -431,7 +459,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--vae_image_steps", type=int, default=1500, help="VAE on single frames")
-    ap.add_argument("--vae_steps", type=int, default=500, help="VAE on frame windows")
+    ap.add_argument("--vae_steps", type=int, default=800, help="VAE on frame windows")
     ap.add_argument("--vae_window", type=int, default=9)
     ap.add_argument("--vae_lr", type=float, default=3e-4)
     ap.add_argument("--vae_noise", type=float, default=0.03)
@@ -561,6 +589,17 @@ def main():
         os.rename(state / "transformer.tmp", ckpt)
 
     t0 = time.time()
+    stretches = train_log.setdefault("transformer_stretches", [])
+    stretch = len(stretches)
+
+    def record_stretch(step):
+        """This invocation's stretch as of `step`, saved with every checkpoint, so that a run
+        killed between checkpoints still has its time in the log."""
+        del stretches[stretch:]
+        if step > start:
+            stretches.append({"from": start, "to": step, "seconds": time.time() - t0})
+        save_log()
+
     for mod in modules:
         mod.train()
     step, parse_losses = start, []
@@ -603,15 +642,11 @@ def main():
                 f"{np.mean(parse_losses[-100:]):.3f} ({time.time() - t0:.0f} s)")
         if step % args.checkpoint_every == 0 or step == args.steps:
             save_ckpt(step)
+            record_stretch(step)
             if args.stop_after and time.time() - t0 > 60 * args.stop_after and step < args.steps:
-                train_log.setdefault("transformer_stretches", []).append(
-                    {"from": start, "to": step, "seconds": time.time() - t0})
-                save_log()
                 log(f"stopped after step {step}; rerun the same command to go on")
                 return
-    if step > start:
-        train_log.setdefault("transformer_stretches", []).append(
-            {"from": start, "to": step, "seconds": time.time() - t0})
+    record_stretch(step)
     train_log["transformer"] = {"parameters": nparams, "steps": step,
                                 "final_loss": float(np.mean(losses[-200:]))}
     save_log()
