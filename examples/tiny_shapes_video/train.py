@@ -483,6 +483,11 @@ def main():
     ap.add_argument("--stop_after", type=float, default=0,
                     help="minutes: save the state and stop once the transformer phase ran this long")
     ap.add_argument("--decoder_steps", type=int, default=150)
+    ap.add_argument("--init_from", type=Path,
+                    help="a pipeline folder this script wrote (the committed one): a fresh --state "
+                         "starts from its tokenizer, VAE, UMT5 and transformer instead of training "
+                         "them from scratch, and the transformer phase goes on from its weights "
+                         "(a fresh optimizer; the caption parser retrained alone first)")
     ap.add_argument("--dtype", default="bfloat16", help="storage dtype of the VAE")
     args = ap.parse_args()
 
@@ -503,11 +508,21 @@ def main():
         train_log["pieces"], train_log["max_sequence_length"] = make_tokenizer(state, args.seed)
         save_log()
     max_seq = train_log["max_sequence_length"]
+    if args.init_from:
+        same = (args.init_from / "tokenizer" / "spiece.model").read_bytes() == \
+            (state / "tokenizer" / "spiece.model").read_bytes()
+        assert same, f"{args.init_from}'s tokenizer is not the one this script makes"
     from transformers import T5TokenizerFast
     tok = T5TokenizerFast.from_pretrained(state / "tokenizer")
 
     # 1. The VAE.
     from diffusers import AutoencoderKLWan
+    if not (state / "vae").exists() and args.init_from:
+        vae = AutoencoderKLWan.from_pretrained(args.init_from / "vae", torch_dtype=torch.float32)
+        vae.save_pretrained(state / "vae.tmp")
+        os.rename(state / "vae.tmp", state / "vae")
+        train_log["vae"] = {"from": str(args.init_from), "seconds": 0.0}
+        save_log()
     if not (state / "vae").exists():
         vae, train_log["vae"] = train_vae(args, state, excluded)
         vae.save_pretrained(state / "vae.tmp")
@@ -525,6 +540,8 @@ def main():
         mean = lat.mean((0, 2, 3, 4))
         std = (lat - mean[None, :, None, None, None]).std((0, 2, 3, 4))
         mean, std = [round(v, 4) for v in mean.tolist()], [round(v, 4) for v in std.tolist()]
+        if args.init_from:  # the latent space the folder's transformer was trained in
+            mean, std = list(vae.config.latents_mean), list(vae.config.latents_std)
         vae.register_to_config(latents_mean=mean, latents_std=std)
         m, s = torch.tensor(mean)[None, :, None, None, None], torch.tensor(std)[None, :, None, None, None]
         with torch.no_grad():
@@ -553,7 +570,20 @@ def main():
 
     # 3. UMT5 and the parser alone.
     ckpt = state / "transformer.pt"
-    if args.text_steps and not ckpt.exists():
+    if args.init_from and not ckpt.exists():
+        from diffusers import WanTransformer3DModel
+        from transformers import UMT5EncoderModel
+        model.load_state_dict(WanTransformer3DModel.from_pretrained(
+            args.init_from / "transformer", torch_dtype=torch.float32).state_dict())
+        t5.load_state_dict(UMT5EncoderModel.from_pretrained(
+            args.init_from / "text_encoder", torch_dtype=torch.float32).state_dict())
+        # The folder holds no parser: it learns to read the folder's UMT5 (frozen) first, so that
+        # its loss does not send a random parser's gradients into UMT5.
+        t5.requires_grad_(False)
+        train_log["text"] = train_text(args, t5, parser, tok, max_seq, excluded, state / "text.pt")
+        t5.requires_grad_(True)
+        save_log()
+    elif args.text_steps and not ckpt.exists():
         t5.train()
         train_log["text"] = train_text(args, t5, parser, tok, max_seq, excluded, state / "text.pt")
         save_log()
