@@ -17,6 +17,7 @@
 #include "models/common/component.h"
 #include "models/common/pipeline_cache.h"
 #include "models/common/tiny_pipeline.h"
+#include "models/common/trained_pipeline.h"
 #include "models/tokenizers/spm_library.h"
 #include "models/weights/safetensors.h"
 
@@ -358,20 +359,7 @@ fs::path ensure_tiny_flux(uint64_t seed) {
 }
 
 fs::path tiny_shapes_dir() {
-  std::vector<fs::path> places = {fs::path(XFUSER_SOURCE_DIR) / "models/flux/tiny_shapes",
-                                  fs::path(XFUSER_INSTALL_DATADIR) / "xfuser/tiny_shapes"};
-  // An install moved or made with `cmake --install --prefix P`: P/bin/<tool> ->
-  // P/share/xfuser/tiny_shapes.
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) places.push_back(exe.parent_path().parent_path() / "share/xfuser/tiny_shapes");
-  std::string looked;
-  for (const auto& dir : places) {
-    if (fs::is_regular_file(dir / "model_index.json", ec)) return dir;
-    looked += (looked.empty() ? "" : ", ") + dir.string();
-  }
-  XF_THROW("tiny-shapes: no pipeline folder (model_index.json) in ", looked,
-           ": reinstall xfuser, or pass --model_path");
+  return trained_pipeline_dir("tiny-shapes", "models/flux/tiny_shapes", "tiny_shapes");
 }
 
 }  // namespace xfuser::models::flux
