@@ -63,9 +63,11 @@ if(XFUSER_FMT_FIRST)
   install(DIRECTORY ${XFUSER_FMT_FIRST}/ DESTINATION include/xfuser/fmt_first)
 endif()
 
-# The trained tiny-shapes pipeline (models/flux/tiny_flux.cpp finds it here once installed).
+# The trained tiny pipelines (models/common/trained_pipeline.cpp finds them here once installed).
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/models/flux/tiny_shapes/
   DESTINATION ${CMAKE_INSTALL_DATADIR}/xfuser/tiny_shapes)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/models/wan/tiny_shapes_video/
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/xfuser/tiny_shapes_video)
 
 install(EXPORT xfuserTargets NAMESPACE xfuser:: DESTINATION ${XFUSER_INSTALL_CMAKEDIR})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/xfuserConfig.cmake.in

@@ -86,8 +86,8 @@ inline ClipVerdict check_clip(const at::Tensor& frames, const std::string& colou
     return v;
   }
   if (v.present < present_share * f) {
-    v.why = colour + " found in " + std::to_string(v.present) + " of " + std::to_string(f) +
-            " frames";
+    v.why =
+        colour + " found in " + std::to_string(v.present) + " of " + std::to_string(f) + " frames";
     return v;
   }
   if (motion == "grow" || motion == "shrink") {
@@ -103,7 +103,8 @@ inline ClipVerdict check_clip(const at::Tensor& frames, const std::string& colou
   for (const auto& r : found) pos.push_back(sign * (horizontal ? r.x : r.y));
   v.travel = pos.back() - pos.front();
   for (size_t i = 1; i < pos.size(); ++i) v.back_steps += pos[i] - pos[i - 1] < -step_slack;
-  v.pass = v.travel >= distance * size && v.back_steps <= backward * (held["frames"].get<int>() - 1);
+  v.pass =
+      v.travel >= distance * size && v.back_steps <= backward * (held["frames"].get<int>() - 1);
   if (!v.pass) {
     v.why = "travel " + std::to_string(v.travel) + " px, " + std::to_string(v.back_steps) +
             " steps back";

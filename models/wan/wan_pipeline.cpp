@@ -9,6 +9,7 @@
 #include "backends/tensor_util.h"
 #include "models/common/component.h"
 #include "models/common/pipeline_cache.h"
+#include "models/common/trained_pipeline.h"
 #include "models/dit/dit_checks.h"
 #include "models/image/pil_resize.h"
 #include "models/schedulers/scheduler_config.h"
@@ -562,6 +563,19 @@ std::vector<ModelSpec> model_specs() {
     return ensure_cached_pipeline("tiny-wan-t2v-v1-seed0",
                                   [](const fs::path& dir) { write_tiny_wan_t2v(dir, 0); });
   };
+  // The trained tiny video model (examples/tiny_shapes_video/train.py): one shape moving as the
+  // caption says, 17 frames of 64x64; the folder's scheduler shift (flow_shift 0 keeps it).
+  ModelSpec shapes_video = tiny;
+  shapes_video.id = "tiny-shapes-video";
+  shapes_video.defaults = {64, 64, 20, 5.0, 32, 17, 8, 0.0};
+  shapes_video.description =
+      "Built-in Wan 2.1 T2V architecture trained to animate one shape as a caption says (\"a red "
+      "circle moves from left to right on a blue background\", \"a green square falls\", \"a "
+      "yellow triangle grows\"; examples/tiny_shapes_video); 17 frames of 64x64";
+  shapes_video.embedded_dir = [] {
+    return trained_pipeline_dir("tiny-shapes-video", "models/wan/tiny_shapes_video",
+                                "tiny_shapes_video");
+  };
   ModelSpec i2v = t2v;
   i2v.id = "Wan2.1-I2V";
   i2v.aliases = {"Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
@@ -619,7 +633,7 @@ std::vector<ModelSpec> model_specs() {
       "Wan 2.2 image-to-video A14B: two experts as Wan2.2-T2V, the first frame as a VAE-encoded "
       "condition (no CLIP); MP4 output";
   i2v_22.folder_match = two_experts;
-  return {t2v, i2v, t2v_22, i2v_22, tiny, tiny_i2v};
+  return {t2v, i2v, t2v_22, i2v_22, tiny, shapes_video, tiny_i2v};
 }
 
 }  // namespace xfuser::models::wan

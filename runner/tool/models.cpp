@@ -61,8 +61,10 @@ std::string models_doc() {
     }
     if (!s.aliases.empty()) os << "- aliases: `" << join(s.aliases, "`, `") << "`\n";
     std::string weights = "--model_path only";
-    if (s.id == "tiny-shapes") {  // the one embedded model whose weights are trained
+    if (s.id == "tiny-shapes") {  // the embedded models whose weights are trained
       weights = "trained, committed (models/flux/tiny_shapes; installed under share/xfuser)";
+    } else if (s.id == "tiny-shapes-video") {
+      weights = "trained, committed (models/wan/tiny_shapes_video; installed under share/xfuser)";
     } else if (s.maturity == "embedded") {
       weights = "built on first use (under $XFUSER_CACHE, default ~/.cache/xfuser)";
     } else if (!s.hf_repo.empty()) {
