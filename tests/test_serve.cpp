@@ -394,7 +394,7 @@ std::vector<at::Tensor> batch_run(const std::vector<int>& seeds, const fs::path&
   std::string output;
   EXPECT_EQ(xfuser::testing::run_command(
                 environment() + bin("xfuser-run").string() +
-                    " --model tiny-shapes --num_inference_steps 8 --batch_size " +
+                    " --model tiny-shapes --dtype fp32 --num_inference_steps 8 --batch_size " +
                     std::to_string(seeds.size()) + " --dataset_path " +
                     (dir / "rows.jsonl").string() + " --output_directory " + out.string(),
                 &output),
@@ -412,8 +412,11 @@ class ServeImages : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new xfuser::testing::TempDir();
+    // fp32, not the CPU's default (bf16 where it has AVX512-BF16): a batch's pictures are
+    // compared with one-prompt runs within a level or two, which bf16's rounding exceeds (up to
+    // 12 levels measured on such a CPU).
     server_ = new Server(
-        "--model tiny-shapes --api_key sekret --max_batch_size 4 --batch_wait_ms 300 "
+        "--model tiny-shapes --dtype fp32 --api_key sekret --max_batch_size 4 --batch_wait_ms 300 "
         "--max_request_bytes 1048576",
         dir_->path());
     ready_ = server_->wait_ready();
@@ -452,7 +455,7 @@ TEST_F(ServeImages, PicturesEqualXfuserRunPixelForPixel) {
   // A one-prompt run of the second row stays within two levels of it (a batch's matrix products
   // may round differently from a single row's).
   const at::Tensor alone = xfuser_run(
-      "--model tiny-shapes --num_inference_steps 8 --seed 8 "
+      "--model tiny-shapes --dtype fp32 --num_inference_steps 8 --seed 8 "
       "--prompt \"" +
           kPrompt + "\"",
       work.path() / "alone");
@@ -601,9 +604,10 @@ TEST_F(ServeImages, TheOpenAiPythonClientWorksUnchanged) {
         xfuser::runner::read_png(work.path() / ("openai_" + std::to_string(k) + ".png")), run[k]))
         << "output " << k;
   }
-  const at::Tensor alone = xfuser_run(
-      "--model tiny-shapes --num_inference_steps 8 --seed 11 --prompt \"" + kPrompt + "\"",
-      work.path() / "alone");
+  const at::Tensor alone =
+      xfuser_run("--model tiny-shapes --dtype fp32 --num_inference_steps 8 --seed 11 --prompt \"" +
+                     kPrompt + "\"",
+                 work.path() / "alone");
   EXPECT_TRUE(at::equal(xfuser::runner::read_png(work.path() / "openai_url.png"), alone));
 }
 
