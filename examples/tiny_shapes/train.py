@@ -40,6 +40,13 @@ same command. Phase 3 writes the model at step --finish_at of a learning-rate sc
 --steps; a larger --finish_at (up to --steps) goes on from the same state, and so does a larger
 --steps, though the schedule then changes, so that run is not the run made at once with that
 --steps. train_log.json records every stretch.
+
+--init_from FOLDER starts a fresh --state from a pipeline folder this script wrote (the committed
+models/flux/tiny_shapes), for going on where a run's state is gone: the tokenizers are made again
+and must equal the folder's, the VAE is the folder's (so the latent space, its shift and scale
+too), the pictures are encoded again, the parser learns to read the folder's text encoders (held
+frozen) for --text_steps, and phase 3 goes on from the folder's transformer, T5 and CLIP with a
+fresh optimizer and schedule.
 """
 
 import argparse
@@ -613,6 +620,9 @@ def main():
     ap.add_argument("--decoder_steps", type=int, default=600,
                     help="phase 4: the decoder alone on whole pictures")
     ap.add_argument("--dtype", default="bfloat16", help="storage dtype of the transformer/VAE")
+    ap.add_argument("--init_from", type=Path,
+                    help="a pipeline folder this script wrote: a fresh --state goes on from it "
+                         "(see above)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -634,9 +644,19 @@ def main():
             make_tokenizers(state, args.seed)
         save_log()
     max_seq = train_log["max_sequence_length"]
+    if args.init_from:
+        for name in ("tokenizer/vocab.json", "tokenizer/merges.txt", "tokenizer_2/spiece.model"):
+            assert (args.init_from / name).read_bytes() == (state / name).read_bytes(), \
+                f"{args.init_from / name} is not the one this script makes"
 
     # 1. The VAE.
     from diffusers import AutoencoderKL
+    if not (state / "vae").exists() and args.init_from:
+        vae = AutoencoderKL.from_pretrained(args.init_from / "vae", torch_dtype=torch.float32)
+        vae.save_pretrained(state / "vae.tmp")
+        os.rename(state / "vae.tmp", state / "vae")
+        train_log["vae"] = {"from": str(args.init_from), "seconds": 0.0}
+        save_log()
     if not (state / "vae").exists():
         vae, train_log["vae"] = train_vae(args, excluded, excluded_multi)
         vae.save_pretrained(state / "vae.tmp")
@@ -654,6 +674,8 @@ def main():
                                                      rng, excluded, excluded_multi)
         shift = round(lat.mean().item(), 4)
         scale = round(1.0 / (lat - shift).std().item(), 4)
+        if args.init_from:  # the latent space the folder's transformer was trained in
+            shift, scale = vae.config.shift_factor, vae.config.scaling_factor
         lat = (lat - shift) * scale
         with torch.no_grad():
             pair = torch.cat([x[-8:], vae.decode(lat[-8:] / scale + shift).sample], 3)
@@ -698,7 +720,25 @@ def main():
 
     # 2b. The text encoders and the parser alone, before the transformer.
     ckpt = state / "phase3.pt"
-    if args.text_steps and not ckpt.exists():
+    if args.init_from and not ckpt.exists():
+        from diffusers import FluxTransformer2DModel
+        from transformers import CLIPTextModel, T5EncoderModel
+        for m, cls, sub in ((model, FluxTransformer2DModel, "transformer"),
+                            (t5, T5EncoderModel, "text_encoder_2"),
+                            (clip, CLIPTextModel, "text_encoder")):
+            m.load_state_dict(cls.from_pretrained(args.init_from / sub,
+                                                  torch_dtype=torch.float32).state_dict())
+        # The folder holds no parser: it learns to read the folder's text encoders (frozen)
+        # first, so that a random parser's gradients do not reach them.
+        if args.text_steps:
+            for m in (t5, clip):
+                m.requires_grad_(False)
+            train_log["text"] = train_text(args, t5, clip, parser, load_tokenizers(state),
+                                           max_seq, excluded, excluded_multi, state / "text.pt")
+            for m in (t5, clip):
+                m.requires_grad_(True)
+            save_log()
+    elif args.text_steps and not ckpt.exists():
         tokenizers = load_tokenizers(state)
         for m in (t5, clip):
             m.train()
