@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -36,20 +37,26 @@ fs::path model_dir(const std::string& id) {
   return spec.embedded_dir();
 }
 
-// The share of `clips` (held-out entries) that `folder`'s pipeline makes as captioned, fp32,
-// clip i from seed i, printing the failures.
-double pass_rate(const fs::path& folder, const json& held, const json& clips) {
+// `folder`'s pipeline, loaded.
+std::unique_ptr<xfuser::models::XFuserModel> load_folder(const fs::path& folder) {
   using namespace xfuser::models;
   const auto& spec = ModelRegistry::for_pipeline_folder(folder);
   auto model = spec.create(spec);
   model->load(folder, {});
+  return model;
+}
+
+// The share of `clips` (held-out entries) that `model` makes as captioned, fp32, clip i from
+// seed i, printing the failures.
+double pass_rate(xfuser::models::XFuserModel& model, const json& held, const json& clips) {
+  using namespace xfuser::models;
   const int count = static_cast<int>(clips.size());
   int passed = 0;
   const int batch = 4;
   for (int start = 0; start < count; start += batch) {
     const GenerationRequest r = xfuser::examples::tiny_shapes_video::clip_request(
         clips, start, std::min(count, start + batch), held);
-    const auto gen = model->generate(r);
+    const auto gen = model.generate(r);
     for (size_t b = 0; b < r.prompts.size(); ++b) {
       const json& c = clips[start + static_cast<int>(b)];
       const ClipVerdict v = check_clip(gen.images[static_cast<int64_t>(b)], c["colour"],
@@ -81,10 +88,10 @@ constexpr SetBar kBars[] = {
 
 TEST(TinyShapesVideo, MovesAsCaptioned) {
   const json held = held_out();
-  const fs::path dir = model_dir("tiny-shapes-video");
+  const auto model = load_folder(model_dir("tiny-shapes-video"));
   for (const SetBar& bar : kBars) {
     const json& clips = held["sets"][bar.set];
-    const double rate = pass_rate(dir, held, clips);
+    const double rate = pass_rate(*model, held, clips);
     std::printf("tiny-shapes-video %s: %.1f%% of %d held-out clips move as captioned\n", bar.set,
                 100 * rate, static_cast<int>(clips.size()));
     EXPECT_GE(rate, bar.pass) << bar.set;
@@ -97,7 +104,7 @@ TEST(TinyShapesVideo, RandomWeightsFailTheSameCheck) {
   const json held = held_out();
   json clips = json::array();
   for (int i = 0; i < 60; i += 5) clips.push_back(held["sets"]["canonical"][i]);
-  const double rate = pass_rate(model_dir("tiny-wan"), held, clips);
+  const double rate = pass_rate(*load_folder(model_dir("tiny-wan")), held, clips);
   std::printf("random tiny-wan: %.1f%% of %d held-out clips\n", 100 * rate,
               static_cast<int>(clips.size()));
   EXPECT_LE(rate, 0.05);
