@@ -7,8 +7,8 @@ to the transformer alone (text encoders and VAE frozen) and trains it by rectifi
 train.py's phase 3 trains the transformer: the caption is the scene's own ("... on a blue
 background"), the picture is the same scene drawn on black. Scenes come from shapes.py's
 distribution, none of them held out (train.py's exclusion) and none with a black shape (it would
-vanish on black). Deterministic from --seed on a fixed thread count (~3 min of training on 2
-cores; ~7 min in all with the encoding and the score).
+vanish on black). Deterministic from --seed on a fixed thread count (~4 min of training on 2
+cores; ~6 min in all with the encoding and the score).
 
 Prompts are encoded by the pipeline's own encode_prompt. faithful_t5_tokenizer checks that
 tokenizer_2 splits captions as the SentencePiece model does (train.py's unigram model splits
