@@ -89,14 +89,20 @@ constexpr SetBar kBars[] = {
 // GoogleTest names a case by its set.
 void PrintTo(const SetBar& bar, std::ostream* os) { *os << bar.set; }
 
-class HeldOutSet : public ::testing::TestWithParam<SetBar> {};
+// The trained folder is loaded once per process, whichever sets the process runs.
+class HeldOutSet : public ::testing::TestWithParam<SetBar> {
+ protected:
+  static void SetUpTestSuite() { model_ = load_folder(model_dir("tiny-shapes-video")); }
+  static void TearDownTestSuite() { model_.reset(); }
+  static std::unique_ptr<xfuser::models::XFuserModel> model_;
+};
+std::unique_ptr<xfuser::models::XFuserModel> HeldOutSet::model_;
 
 TEST_P(HeldOutSet, MovesAsCaptioned) {
   const SetBar& bar = GetParam();
   const json held = held_out();
-  const auto model = load_folder(model_dir("tiny-shapes-video"));
   const json& clips = held["sets"][bar.set];
-  const double rate = pass_rate(*model, held, clips);
+  const double rate = pass_rate(*model_, held, clips);
   std::printf("tiny-shapes-video %s: %.1f%% of %d held-out clips move as captioned\n", bar.set,
               100 * rate, static_cast<int>(clips.size()));
   EXPECT_GE(rate, bar.pass) << bar.set;
